@@ -1,0 +1,123 @@
+import keras
+from keras import ops
+
+from keras_mhf.utils.keras_utils import clone_initializer
+from keras_mhf.utils.keras_utils import get_initializer
+
+
+@keras.saving.register_keras_serializable(package="keras_mhf")
+class HashEncoder(keras.layers.Layer):
+    """Hash encoder: H bucket tables and the gated compositional embedding.
+
+    Paper Sec. 3.1 (eq. 2-3). For a token with signature `(b_1, ..., b_H)`:
+    `u_i = E(i)[b_i]`; a scorer shared across heads gives
+    `a_i = w2 . silu(W1 u_i + b1) + b2`; `alpha = softmax_i(a_i)` (float32);
+    the output is `e = Ws (sum_i alpha_i u_i) + bs`. The gate sees only the
+    token's own H vectors. The tables `E(i)` (`embeddings`, shape `[H, B, d]`)
+    are also the output tables of `CascadeHashDecoder` (weight tying, Sec. 3.3);
+    bucket 0 is an ordinary trainable row.
+
+    Args:
+        num_hashes: int, `H`.
+        num_buckets: int, `B` (bucket 0 included).
+        hidden_dim: int, `d`.
+        gate_dim: int, `g`, width of the gate scorer. Defaults to 64.
+        embeddings_initializer: initializer of the tables. Defaults to
+            N(0, 0.02).
+        kernel_initializer: initializer of the dense kernels (biases start at
+            zero). Defaults to N(0, 0.02).
+        **kwargs: standard `keras.layers.Layer` arguments.
+
+    Example:
+
+    ```python
+    encoder = keras_mhf.layers.HashEncoder(num_hashes=2, num_buckets=8, hidden_dim=16)
+    encoder(np.array([[[1, 3], [2, 5]]]))  # [1, 2, 16]
+    ```
+    """
+
+    def __init__(
+        self,
+        num_hashes,
+        num_buckets,
+        hidden_dim,
+        gate_dim=64,
+        embeddings_initializer="auto",
+        kernel_initializer="auto",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_hashes = int(num_hashes)
+        self.num_buckets = int(num_buckets)
+        self.hidden_dim = int(hidden_dim)
+        self.gate_dim = int(gate_dim)
+        self.embeddings_initializer = get_initializer(embeddings_initializer)
+        self.kernel_initializer = get_initializer(kernel_initializer)
+
+    def build(self, signatures_shape=None):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.num_hashes, self.num_buckets, self.hidden_dim),
+            initializer=self.embeddings_initializer,
+        )
+
+        def dense(units, name, activation=None):
+            return keras.layers.Dense(
+                units,
+                activation=activation,
+                kernel_initializer=clone_initializer(self.kernel_initializer),
+                dtype=self.dtype_policy,
+                name=name,
+            )
+
+        # W1, b1 and the SiLU of the shared scorer (eq. 3).
+        self.gate_dense = dense(self.gate_dim, "gate_dense", "silu")
+        self.gate_dense.build((None, self.hidden_dim))
+        # w2, b2: one score per head.
+        self.score_dense = dense(1, "score_dense")
+        self.score_dense.build((None, self.gate_dim))
+        # Ws, bs: output projection, no activation (eq. 2).
+        self.output_dense = dense(self.hidden_dim, "output_dense")
+        self.output_dense.build((None, self.hidden_dim))
+        self.built = True
+
+    def lookup(self, signatures):
+        """Signatures `[..., H]` -> the H bucket vectors `[..., H, d]`."""
+        table = ops.reshape(
+            self.embeddings, (self.num_hashes * self.num_buckets, self.hidden_dim)
+        )
+        offsets = ops.arange(self.num_hashes, dtype="int32") * self.num_buckets
+        rows = ops.cast(signatures, "int32") + offsets
+        return ops.take(table, rows, axis=0)
+
+    def call(self, signatures):
+        # Sec. 3.1 eq. 2: u_i = E(i)[bucket_i].
+        vectors = self.lookup(signatures)
+        # Sec. 3.1 eq. 3: alpha = softmax over heads of the shared scorer.
+        scores = self.score_dense(self.gate_dense(vectors))[..., 0]
+        alpha = ops.softmax(ops.cast(scores, "float32"), axis=-1)
+        alpha = ops.cast(alpha, vectors.dtype)
+        mixed = ops.sum(vectors * alpha[..., None], axis=-2)
+        # Sec. 3.1 eq. 2: e = Ws (sum_i alpha_i u_i) + bs.
+        return self.output_dense(mixed)
+
+    def compute_output_shape(self, signatures_shape):
+        return tuple(signatures_shape)[:-1] + (self.hidden_dim,)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_hashes": self.num_hashes,
+                "num_buckets": self.num_buckets,
+                "hidden_dim": self.hidden_dim,
+                "gate_dim": self.gate_dim,
+                "embeddings_initializer": keras.initializers.serialize(
+                    self.embeddings_initializer
+                ),
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+            }
+        )
+        return config

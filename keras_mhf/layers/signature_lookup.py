@@ -1,0 +1,187 @@
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mhf.signature_table import SignatureTable
+from keras_mhf.utils.backend_checks import is_concrete
+
+
+@keras.saving.register_keras_serializable(package="keras_mhf")
+class SignatureLookup(keras.layers.Layer):
+    """Holds the `[V, H]` signature table; ids -> signatures and back.
+
+    The table (paper Sec. 3.1, "Multi-Hash Indexing") is a non-trainable int32
+    weight, so it is saved and loaded with the model's weights. `call` maps
+    token ids `[...]` to signatures `[..., H]`. `token_log_probs` maps per-head
+    bucket logits (or log-probs) `[..., H, B]` to token log-probabilities
+    `[..., V]`: `score(w) = sum_i log_softmax(o_i)[bucket_i(w)]`, renormalised
+    with a log-softmax over the `V` real tokens, in float32 (paper Sec. 3.4,
+    "Inference Phase").
+
+    Out-of-range token ids raise a `ValueError` when the ids are concrete
+    (eager execution: torch, TensorFlow eager, JAX outside `jit`). Under
+    compilation no host check is possible: TensorFlow's gather raises
+    `InvalidArgumentError` at run time on CPU, while JAX under `jit` clamps or
+    fills out-of-range gathers, so check ids before compiled calls.
+
+    Args:
+        vocabulary_size: int, `V`.
+        num_hashes: int, `H`.
+        num_buckets: int, `B` (bucket 0 included).
+        pad_token_id: int or `None`; informational (the table row is zeros).
+        signatures: optional `SignatureTable` or int array `[V, H]` to
+            initialise the table with. It is not part of `get_config`: the
+            table travels in the weights, like a tokenizer's vocabulary travels
+            in its assets.
+        **kwargs: standard `keras.layers.Layer` arguments.
+
+    Example:
+
+    ```python
+    table = keras_mhf.SignatureTable.from_tokens(
+        ["<pad>", "a", "b", "c"], num_hashes=2, num_buckets=8, pad_token_id=0
+    )
+    lookup = keras_mhf.layers.SignatureLookup(4, 2, 8, 0, signatures=table)
+    lookup(np.array([[1, 2, 3]]))  # int32 [1, 3, 2]
+    lookup.token_log_probs(np.zeros((1, 3, 2, 8)))  # float32 [1, 3, 4]
+    ```
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_hashes,
+        num_buckets,
+        pad_token_id=None,
+        signatures=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.vocabulary_size = int(vocabulary_size)
+        self.num_hashes = int(num_hashes)
+        self.num_buckets = int(num_buckets)
+        self.pad_token_id = pad_token_id
+        self._initial_signatures = (
+            None if signatures is None else self._validate_table(signatures)
+        )
+        self.built = False
+
+    def _validate_table(self, signatures):
+        if isinstance(signatures, SignatureTable):
+            if signatures.num_buckets != self.num_buckets:
+                raise ValueError(
+                    f"The SignatureTable was built for num_buckets="
+                    f"{signatures.num_buckets}, the layer has {self.num_buckets}."
+                )
+            signatures = signatures.signatures
+        signatures = np.asarray(signatures)
+        expected = (self.vocabulary_size, self.num_hashes)
+        if signatures.shape != expected:
+            raise ValueError(
+                f"Signature table has shape {signatures.shape}; expected "
+                f"(vocabulary_size, num_hashes) = {expected}."
+            )
+        if signatures.min() < 0 or signatures.max() >= self.num_buckets:
+            raise ValueError(
+                f"Signature table holds bucket ids outside [0, {self.num_buckets - 1}]."
+            )
+        return signatures.astype("int32")
+
+    def build(self, input_shape=None):
+        initial = self._initial_signatures
+
+        def initializer(shape, dtype=None):
+            if initial is None:
+                return ops.zeros(shape, dtype="int32")
+            return ops.convert_to_tensor(initial, dtype="int32")
+
+        self.signatures = self.add_weight(
+            name="signatures",
+            shape=(self.vocabulary_size, self.num_hashes),
+            dtype="int32",
+            initializer=initializer,
+            trainable=False,
+        )
+        self._initial_signatures = None
+        self.built = True
+
+    def set_signatures(self, signatures):
+        """Replaces the table's values (same `[V, H]` shape)."""
+        if not self.built:
+            self.build()
+        self.signatures.assign(self._validate_table(signatures))
+
+    def get_signatures(self):
+        """Returns the table as a numpy int32 array `[V, H]`."""
+        if not self.built:
+            self.build()
+        return np.asarray(ops.convert_to_numpy(self.signatures), "int32")
+
+    def check_token_ids(self, token_ids):
+        """Raises a clear `ValueError` for concrete ids outside `[0, V)`."""
+        if not is_concrete(token_ids):
+            return
+        ids = ops.convert_to_numpy(token_ids)
+        if ids.size == 0:
+            return
+        low, high = ids.min(), ids.max()
+        if low < 0 or high >= self.vocabulary_size:
+            bad = ids[(ids < 0) | (ids >= self.vocabulary_size)]
+            raise ValueError(
+                f"Token ids must be in [0, {self.vocabulary_size - 1}] "
+                f"(vocabulary_size={self.vocabulary_size}); got {bad.size} "
+                f"out-of-range id(s), e.g. {bad[:5].tolist()}. Tokenize with the "
+                "model's own tokenizer, or expand the vocabulary first "
+                "(`MultiHashFormerCausalLM.expand_vocabulary`)."
+            )
+
+    def call(self, token_ids):
+        self.check_token_ids(token_ids)
+        token_ids = ops.cast(token_ids, "int32")
+        return ops.take(self.signatures, token_ids, axis=0)
+
+    def token_log_probs(self, bucket_logits, normalize=True):
+        """Per-head bucket logits `[..., H, B]` -> token log-probs `[..., V]`.
+
+        Args:
+            bucket_logits: float `[..., H, B]` logits or log-probs (a log-softmax
+                over `B` is applied per head, which leaves log-probs unchanged).
+            normalize: if `True` (default), renormalise over the `V` tokens
+                with a log-softmax; if `False`, return the raw sums
+                `sum_i log p_i(bucket_i(w))`.
+
+        Returns:
+            float32 `[..., V]`.
+        """
+        logits = ops.cast(bucket_logits, "float32")
+        log_probs = ops.log_softmax(logits, axis=-1)
+        table = ops.convert_to_tensor(self.signatures)
+        scores = None
+        for i in range(self.num_hashes):
+            head = ops.take(log_probs[..., i, :], table[:, i], axis=-1)
+            scores = head if scores is None else scores + head
+        if normalize:
+            scores = ops.log_softmax(scores, axis=-1)
+        return scores
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.num_hashes,)
+
+    def compute_output_spec(self, token_ids):
+        return keras.KerasTensor(
+            self.compute_output_shape(token_ids.shape), dtype="int32"
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_hashes": self.num_hashes,
+                "num_buckets": self.num_buckets,
+                "pad_token_id": self.pad_token_id,
+                # The table itself travels in the weights.
+                "signatures": None,
+            }
+        )
+        return config
