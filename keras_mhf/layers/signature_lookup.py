@@ -153,6 +153,8 @@ class SignatureLookup(keras.layers.Layer):
         Returns:
             float32 `[..., V]`.
         """
+        if not self.built:
+            self.build()
         logits = ops.cast(bucket_logits, "float32")
         log_probs = ops.log_softmax(logits, axis=-1)
         table = ops.convert_to_tensor(self.signatures)

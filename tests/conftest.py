@@ -1,0 +1,55 @@
+import os
+from pathlib import Path
+
+import keras
+import pytest
+
+keras.config.disable_traceback_filtering()
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("KERAS_MHF_DATA", REPO.parent / "shared" / "data"))
+MISTRAL_MODEL = DATA / "mistral_v03_tokenizer" / "tokenizer.model"
+OPENSTAX = DATA / "openstax_edu_en"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--run_large", action="store_true", default=False, help="run large tests"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--run_large"):
+        return
+    skip = pytest.mark.skip(reason="large test: pass --run_large to run it")
+    for item in items:
+        if "large" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def mistral_model_path():
+    if not MISTRAL_MODEL.exists():
+        pytest.skip(f"shared data not found at {MISTRAL_MODEL} (set KERAS_MHF_DATA)")
+    return str(MISTRAL_MODEL)
+
+
+@pytest.fixture(scope="session")
+def mistral_pieces(mistral_model_path):
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=mistral_model_path)
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+
+
+@pytest.fixture(scope="session")
+def openstax_dir():
+    if not (OPENSTAX / "train_00.jsonl").exists():
+        pytest.skip(f"shared data not found at {OPENSTAX} (set KERAS_MHF_DATA)")
+    return OPENSTAX
+
+
+@pytest.fixture(autouse=True)
+def _reset_dtype_policy():
+    yield
+    keras.config.set_dtype_policy("float32")

@@ -1,0 +1,77 @@
+import keras
+import numpy as np
+import pytest
+from keras import ops
+
+from keras_mhf import SignatureTable
+from keras_mhf.layers import SignatureLookup
+from tests.numpy_reference import token_log_probs
+
+TOKENS = ["<pad>"] + [f"tok{i}" for i in range(29)]
+
+
+def make_lookup(**kwargs):
+    table = SignatureTable.from_tokens(TOKENS, 3, 7, pad_token_id=0)
+    return table, SignatureLookup(30, 3, 7, 0, signatures=table, **kwargs)
+
+
+def test_ids_to_signatures():
+    table, lookup = make_lookup()
+    ids = np.array([[1, 5, 0], [29, 2, 3]])
+    out = lookup(ids)
+    assert keras.backend.standardize_dtype(out.dtype) == "int32"
+    np.testing.assert_array_equal(ops.convert_to_numpy(out), table.signatures[ids])
+    assert lookup.signatures.trainable is False
+    assert len(lookup.trainable_weights) == 0
+
+
+def test_token_log_probs_match_numpy_and_sum_to_one():
+    table, lookup = make_lookup()
+    logits = np.random.default_rng(0).normal(size=(2, 4, 3, 7)).astype("float32")
+    out = ops.convert_to_numpy(lookup.token_log_probs(logits))
+    assert out.shape == (2, 4, 30) and out.dtype == np.float32
+    np.testing.assert_allclose(out, token_log_probs(logits, table.signatures), atol=1e-5)
+    np.testing.assert_allclose(np.exp(out).sum(-1), 1.0, atol=1e-5)
+    raw = ops.convert_to_numpy(lookup.token_log_probs(logits, normalize=False))
+    assert np.all(np.exp(raw).sum(-1) <= 1.0 + 1e-5)
+
+
+def test_token_log_probs_fp32_under_mixed_precision():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    _, lookup = make_lookup()
+    logits = ops.cast(np.zeros((1, 2, 3, 7)), "bfloat16")
+    out = lookup.token_log_probs(logits)
+    assert keras.backend.standardize_dtype(out.dtype) == "float32"
+
+
+def test_out_of_range_ids_are_refused():
+    _, lookup = make_lookup()
+    with pytest.raises(ValueError, match="out-of-range"):
+        lookup(np.array([[1, 30]]))
+    with pytest.raises(ValueError, match="out-of-range"):
+        lookup(np.array([[-1]]))
+
+
+def test_bad_tables_are_refused():
+    table = SignatureTable.from_tokens(TOKENS, 3, 7, pad_token_id=0)
+    with pytest.raises(ValueError, match="shape"):
+        SignatureLookup(31, 3, 7, signatures=table)
+    with pytest.raises(ValueError, match="num_buckets"):
+        SignatureLookup(30, 3, 8, signatures=table)
+
+
+def test_serialization_round_trip(tmp_path):
+    table, lookup = make_lookup(name="lookup")
+    config = lookup.get_config()
+    assert config["signatures"] is None
+    clone = SignatureLookup.from_config(config)
+    assert clone.get_config() == config
+    inputs = keras.Input((None,), dtype="int32")
+    model = keras.Model(inputs, lookup(inputs))
+    path = str(tmp_path / "lookup.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path)
+    ids = np.array([[3, 4, 5]])
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(restored(ids)), table.signatures[ids]
+    )
