@@ -1,0 +1,12 @@
+"""KerasHub models: MultiHashFormer backbone, causal LM, preprocessor,
+tokenizer, and the Standard (Qwen3) baseline."""
+
+from keras_mhf.models.multi_hash_former_architectures import architecture_names
+from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
+from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
+from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
+    MultiHashFormerCausalLMPreprocessor,
+)
+from keras_mhf.models.multi_hash_former_tokenizer import MultiHashFormerTokenizer
+from keras_mhf.models.standard_causal_lm import standard_causal_lm

@@ -1,0 +1,2 @@
+def is_authors_checkpoint(preset):
+    return False

@@ -1,0 +1,104 @@
+"""Named architectures: the paper's trunks (Table 1) and tiny CPU trunks, each
+combined with a hash configuration, e.g. `"1b_h4b16k"`, `"tiny_h3b512"`.
+
+A name is `<trunk>` (Standard baseline) or `<trunk>_h<H>b<B>`; `B` may be an
+integer or one of the paper's shorthands (`4k`=4096, `8k`=8192,
+`10k`=10624, the Standard embedding count at 1B, `16k`=16384).
+"""
+
+import re
+
+TRUNKS = {
+    # Paper Table 1 (Sec. 4.1).
+    "100m": dict(
+        num_layers=12,
+        hidden_dim=768,
+        num_query_heads=12,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_dim=2560,
+    ),
+    "1b": dict(
+        num_layers=20,
+        hidden_dim=2048,
+        num_query_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_dim=6144,
+    ),
+    "3b": dict(
+        num_layers=36,
+        hidden_dim=2048,
+        num_query_heads=16,
+        num_key_value_heads=2,
+        head_dim=128,
+        intermediate_dim=11008,
+    ),
+    # CPU-sized trunks for tests, recipes and the quickstart.
+    "tiny": dict(
+        num_layers=2,
+        hidden_dim=32,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_dim=64,
+    ),
+    "mini": dict(
+        num_layers=4,
+        hidden_dim=128,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_dim=384,
+    ),
+    "small": dict(
+        num_layers=4,
+        hidden_dim=512,
+        num_query_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_dim=1536,
+    ),
+}
+
+BUCKET_SHORTHANDS = {"4k": 4096, "8k": 8192, "10k": 10624, "16k": 16384}
+
+HASH_DEFAULTS = dict(gate_dim=64, mixer_dim=64)
+
+_NAME = re.compile(r"^(?P<trunk>[a-z0-9]+?)(?:_h(?P<h>\d+)b(?P<b>\d+k?))?$")
+
+
+def parse_architecture(name):
+    """Returns `(trunk_kwargs, hash_kwargs or None)` for an architecture name."""
+    match = _NAME.match(str(name).lower())
+    if not match or match.group("trunk") not in TRUNKS:
+        raise ValueError(
+            f"Unknown architecture {name!r}. Use '<trunk>' or '<trunk>_h<H>b<B>' "
+            f"with trunk one of {sorted(TRUNKS)} (e.g. '1b_h4b16k', 'tiny_h3b512')."
+        )
+    trunk = dict(TRUNKS[match.group("trunk")])
+    if match.group("h") is None:
+        return trunk, None
+    buckets = match.group("b")
+    if buckets in BUCKET_SHORTHANDS:
+        num_buckets = BUCKET_SHORTHANDS[buckets]
+    elif buckets.endswith("k"):
+        raise ValueError(
+            f"Unknown bucket shorthand {buckets!r} in {name!r}; use one of "
+            f"{sorted(BUCKET_SHORTHANDS)} or an integer."
+        )
+    else:
+        num_buckets = int(buckets)
+    hashes = dict(num_hashes=int(match.group("h")), num_buckets=num_buckets)
+    hashes.update(HASH_DEFAULTS)
+    return trunk, hashes
+
+
+def architecture_names():
+    """The named architectures listed in the README (any `h<H>b<B>` works)."""
+    names = []
+    for trunk in ("100m", "1b", "3b"):
+        names += [trunk, f"{trunk}_h3b10k", f"{trunk}_h4b16k"]
+    for trunk in ("tiny", "mini", "small"):
+        names += [trunk, f"{trunk}_h3b512", f"{trunk}_h4b1024"]
+    return names

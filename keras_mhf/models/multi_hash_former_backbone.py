@@ -1,0 +1,240 @@
+import keras
+from keras_hub.models import Backbone
+
+from keras_mhf.layers.hash_encoder import HashEncoder
+from keras_mhf.layers.signature_lookup import SignatureLookup
+from keras_mhf.models.qwen3_trunk import fix_qk_norm_epsilon
+from keras_mhf.models.qwen3_trunk import make_decoder_blocks
+from keras_mhf.models.qwen3_trunk import make_final_norm
+from keras_mhf.signature_table import SignatureTable
+
+# Marks a backbone rebuilt from its config: the table comes from the weights.
+_TABLE_FROM_WEIGHTS = "from_weights"
+
+
+@keras.saving.register_keras_serializable(package="keras_mhf")
+class MultiHashFormerBackbone(Backbone):
+    """MultiHashFormer trunk: signatures -> hash encoder -> Qwen3 blocks -> norm.
+
+    Token ids are mapped to their `H` bucket ids by a `SignatureLookup` (paper
+    Sec. 3.1), embedded by a `HashEncoder` (gated compositional embedding,
+    Sec. 3.1), processed by Qwen3 decoder blocks from KerasHub (Sec. 3.2), and
+    normalised by a final RMSNorm. The output is the hidden state `h_t` that
+    `MultiHashFormerCausalLM`'s `CascadeHashDecoder` (Sec. 3.3) reads, tied to
+    `hash_encoder.embeddings`. No parameter depends on the vocabulary size.
+
+    Args:
+        vocabulary_size: int, `V`, rows of the signature table.
+        num_hashes: int, `H`.
+        num_buckets: int, `B` (bucket 0 included).
+        num_layers: int, decoder blocks.
+        num_query_heads: int.
+        num_key_value_heads: int (GQA).
+        head_dim: int.
+        hidden_dim: int, `d`.
+        intermediate_dim: int, SwiGLU width.
+        gate_dim: int, encoder gate width `g`. Defaults to 64.
+        mixer_dim: int, cascade mixer width `m` (used by the task's decoder).
+            Defaults to 64.
+        rope_max_wavelength: float, RoPE theta. Defaults to 1e6.
+        rope_scaling_factor: float. Defaults to 1.0.
+        layer_norm_epsilon: float, every RMSNorm (q/k norms included).
+            Defaults to 1e-6.
+        dropout: float. Defaults to 0.
+        pad_token_id: int or `None`, the token with the all-zero signature.
+        signature_rule: `"unique"` or `"reference"`, the rule the table was
+            built with (used to expand it and to check tokenizers).
+        signatures: a `SignatureTable` or int array `[V, H]`. Required when
+            building a new backbone; a backbone rebuilt from its config gets
+            the table from the saved weights.
+        dtype: dtype policy of the model.
+        **kwargs: standard `keras.Model` arguments.
+
+    Example:
+
+    ```python
+    tokens = ["<pad>"] + [f"tok{i}" for i in range(99)]
+    table = keras_mhf.SignatureTable.from_tokens(tokens, 3, 64, pad_token_id=0)
+    backbone = keras_mhf.models.MultiHashFormerBackbone(
+        vocabulary_size=100, num_hashes=3, num_buckets=64, num_layers=2,
+        num_query_heads=4, num_key_value_heads=2, head_dim=8, hidden_dim=32,
+        intermediate_dim=64, pad_token_id=0, signatures=table,
+    )
+    backbone({"token_ids": np.ones((1, 5), "int32"),
+              "padding_mask": np.ones((1, 5), "int32")})  # [1, 5, 32]
+    ```
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_hashes,
+        num_buckets,
+        num_layers,
+        num_query_heads,
+        num_key_value_heads,
+        head_dim,
+        hidden_dim,
+        intermediate_dim,
+        gate_dim=64,
+        mixer_dim=64,
+        rope_max_wavelength=1_000_000,
+        rope_scaling_factor=1.0,
+        layer_norm_epsilon=1e-6,
+        dropout=0.0,
+        pad_token_id=None,
+        signature_rule="unique",
+        signatures=None,
+        dtype=None,
+        **kwargs,
+    ):
+        if signatures is None:
+            raise ValueError(
+                "MultiHashFormerBackbone needs its signature table: pass "
+                "`signatures=keras_mhf.SignatureTable.from_tokens(...)` (or an int "
+                "array [vocabulary_size, num_hashes]), or build the whole model "
+                "with `MultiHashFormerCausalLM.from_tokenizer(tokenizer, ...)`."
+            )
+        if isinstance(signatures, str):
+            if signatures != _TABLE_FROM_WEIGHTS:
+                raise ValueError(f"Unknown `signatures` value {signatures!r}.")
+            initial_table = None
+        else:
+            initial_table = signatures
+            if isinstance(signatures, SignatureTable):
+                _check_table_matches(
+                    signatures, num_hashes, num_buckets, pad_token_id, signature_rule
+                )
+        # === Layers ===
+        self.signature_lookup = SignatureLookup(
+            vocabulary_size,
+            num_hashes,
+            num_buckets,
+            pad_token_id,
+            signatures=initial_table,
+            dtype=dtype,
+            name="signature_lookup",
+        )
+        self.hash_encoder = HashEncoder(
+            num_hashes,
+            num_buckets,
+            hidden_dim,
+            gate_dim=gate_dim,
+            dtype=dtype,
+            name="hash_encoder",
+        )
+        self.transformer_layers = make_decoder_blocks(
+            num_layers,
+            num_query_heads,
+            num_key_value_heads,
+            head_dim,
+            intermediate_dim,
+            rope_max_wavelength,
+            rope_scaling_factor,
+            layer_norm_epsilon,
+            dropout,
+            dtype,
+        )
+        self.layer_norm = make_final_norm(layer_norm_epsilon, dtype)
+
+        # === Functional Model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        x = self.embed(token_ids)
+        for block in self.transformer_layers:
+            x = block(x, decoder_padding_mask=padding_mask)
+        sequence_output = self.layer_norm(x)
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+            outputs=sequence_output,
+            dtype=dtype,
+            **kwargs,
+        )
+        fix_qk_norm_epsilon(self.transformer_layers, layer_norm_epsilon)
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_hashes = num_hashes
+        self.num_buckets = num_buckets
+        self.num_layers = num_layers
+        self.num_query_heads = num_query_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.gate_dim = gate_dim
+        self.mixer_dim = mixer_dim
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling_factor = rope_scaling_factor
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.dropout = dropout
+        self.pad_token_id = pad_token_id
+        self.signature_rule = signature_rule
+
+    def embed(self, token_ids):
+        """Token ids `[b, s]` -> input embeddings `[b, s, d]` (Sec. 3.1)."""
+        return self.hash_encoder(self.signature_lookup(token_ids))
+
+    def get_signature_table(self, tokens=None):
+        """The stored table as a `SignatureTable` (pass `tokens` to expand it)."""
+        return SignatureTable(
+            self.signature_lookup.get_signatures(),
+            self.num_buckets,
+            self.pad_token_id,
+            self.signature_rule,
+            tokens,
+        )
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        if config.get("signatures") is None:
+            config["signatures"] = _TABLE_FROM_WEIGHTS
+        return super().from_config(config)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_hashes": self.num_hashes,
+                "num_buckets": self.num_buckets,
+                "num_layers": self.num_layers,
+                "num_query_heads": self.num_query_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "gate_dim": self.gate_dim,
+                "mixer_dim": self.mixer_dim,
+                "rope_max_wavelength": self.rope_max_wavelength,
+                "rope_scaling_factor": self.rope_scaling_factor,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "dropout": self.dropout,
+                "pad_token_id": self.pad_token_id,
+                "signature_rule": self.signature_rule,
+                # The table itself travels in the weights (`signature_lookup`).
+                "signatures": None,
+            }
+        )
+        return config
+
+
+def _check_table_matches(table, num_hashes, num_buckets, pad_token_id, rule):
+    expected = dict(
+        num_hashes=num_hashes,
+        num_buckets=num_buckets,
+        pad_token_id=pad_token_id,
+        signature_rule=rule,
+    )
+    actual = dict(
+        num_hashes=table.num_hashes,
+        num_buckets=table.num_buckets,
+        pad_token_id=table.pad_token_id,
+        signature_rule=table.rule,
+    )
+    wrong = {k: (actual[k], v) for k, v in expected.items() if actual[k] != v}
+    if wrong:
+        details = ", ".join(f"{k}: table {a!r} vs backbone {b!r}" for k, (a, b) in wrong.items())
+        raise ValueError(f"The SignatureTable does not match the backbone ({details}).")
+

@@ -1,0 +1,442 @@
+import keras
+import numpy as np
+from keras import ops
+from keras_hub.models import CausalLM
+from keras_hub.models import Qwen3CausalLM
+
+from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
+from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
+from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
+from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
+    MultiHashFormerCausalLMPreprocessor,
+)
+from keras_mhf.signature_table import SignatureTable
+
+
+@keras.saving.register_keras_serializable(package="keras_mhf")
+class MultiHashFormerCausalLM(CausalLM):
+    """MultiHashFormer causal language model (KerasHub `CausalLM`).
+
+    The functional output is the cascade's bucket logits `[b, s, H, B]`
+    (paper Sec. 3.3), and `fit` trains them with `SignatureCrossEntropy`
+    (Sec. 3.4, training): targets are mapped to signatures inside the model,
+    so a `[b, s, V]` tensor is never formed during training. `generate()` and
+    `score()` use token log-probabilities over the real vocabulary
+    (Sec. 3.4, inference), so every KerasHub sampler works unchanged.
+
+    Build a new model with `from_tokenizer`, load one with `from_preset` (a
+    KerasHub preset directory or a Hugging Face checkpoint of the authors'
+    code), and grow the vocabulary with `expand_vocabulary` (no new
+    parameters).
+
+    Args:
+        backbone: a `MultiHashFormerBackbone`.
+        preprocessor: a `MultiHashFormerCausalLMPreprocessor` or `None`.
+        **kwargs: standard `keras_hub.models.CausalLM` arguments.
+
+    Example:
+
+    ```python
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(
+        "../shared/data/mistral_v03_tokenizer/tokenizer.model"
+    )
+    lm = keras_mhf.models.MultiHashFormerCausalLM.from_tokenizer(
+        tokenizer, architecture="tiny_h4b1024", sequence_length=64
+    )
+    lm.compile(optimizer=keras.optimizers.AdamW(1e-3))
+    lm.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
+    lm.generate("The cell", max_length=16)
+    ```
+    """
+
+    backbone_cls = MultiHashFormerBackbone
+    preprocessor_cls = MultiHashFormerCausalLMPreprocessor
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        self.hash_decoder = CascadeHashDecoder(
+            backbone.num_hashes,
+            backbone.num_buckets,
+            backbone.hidden_dim,
+            mixer_dim=backbone.mixer_dim,
+            dtype=backbone.dtype_policy,
+            name="hash_decoder",
+        )
+
+        # === Functional Model ===
+        inputs = backbone.input
+        hidden_states = backbone(inputs)
+        outputs = self.hash_decoder(hidden_states, backbone.hash_encoder.embeddings)
+        super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+        self._tokenizer_checked = False
+
+    # --- Construction -------------------------------------------------------
+
+    @classmethod
+    def from_tokenizer(
+        cls,
+        tokenizer,
+        architecture="tiny_h4b1024",
+        sequence_length=1024,
+        signature_rule="unique",
+        dtype=None,
+        **backbone_kwargs,
+    ):
+        """Builds a new, randomly initialised model for `tokenizer`.
+
+        The signature table is computed from the tokenizer's vocabulary
+        strings (paper Sec. 3.1).
+
+        Args:
+            tokenizer: a `MultiHashFormerTokenizer`.
+            architecture: a name like `"1b_h4b16k"` or `"tiny_h3b512"` (see
+                `keras_mhf.models.architecture_names()`).
+            sequence_length: the preprocessor's packed length.
+            signature_rule: `"unique"` or `"reference"`.
+            dtype: dtype policy of the model.
+            **backbone_kwargs: overrides of any backbone argument (e.g.
+                `num_layers=3`, `num_buckets=2048`).
+        """
+        trunk, hashes = parse_architecture(architecture)
+        if hashes is None:
+            raise ValueError(
+                f"Architecture {architecture!r} names a Standard trunk; use "
+                "`keras_mhf.models.standard_causal_lm` for it, or add a hash "
+                "configuration such as '_h4b16k'."
+            )
+        config = {**trunk, **hashes, **backbone_kwargs}
+        vocabulary = tokenizer.get_vocabulary()
+        table = SignatureTable.from_tokens(
+            vocabulary,
+            config["num_hashes"],
+            config["num_buckets"],
+            pad_token_id=tokenizer.pad_token_id,
+            rule=signature_rule,
+        )
+        backbone = MultiHashFormerBackbone(
+            vocabulary_size=len(vocabulary),
+            pad_token_id=tokenizer.pad_token_id,
+            signature_rule=signature_rule,
+            signatures=table,
+            dtype=dtype,
+            **config,
+        )
+        preprocessor = MultiHashFormerCausalLMPreprocessor(
+            tokenizer, sequence_length=sequence_length
+        )
+        model = cls(backbone=backbone, preprocessor=preprocessor)
+        model._tokenizer_checked = True
+        return model
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Loads a KerasHub preset directory, or converts a Hugging Face
+        checkpoint directory of the authors' code (safetensors only).
+
+        Args:
+            preset: a local directory.
+            load_weights: whether to load the weights.
+            **kwargs: forwarded to KerasHub's loader (e.g. `dtype`), or, for
+                an authors' checkpoint, `tokenizer` (a tokenizer or `.model`
+                path) and `dtype`.
+        """
+        from keras_mhf.models import authors_checkpoint
+
+        if authors_checkpoint.is_authors_checkpoint(preset):
+            return authors_checkpoint.load_authors_checkpoint(
+                preset, load_weights=load_weights, **kwargs
+            )
+        model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+        if load_weights:
+            model.check_tokenizer()
+        return model
+
+    # --- Training -----------------------------------------------------------
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        *,
+        weighted_metrics="auto",
+        sampler="top_k",
+        **kwargs,
+    ):
+        """Like `CausalLM.compile`, with `SignatureCrossEntropy` as the
+        default loss and no default metric (bucket-level metrics see the
+        targets' signatures `[b, s, H]`)."""
+        if loss == "auto":
+            loss = SignatureCrossEntropy()
+        if weighted_metrics == "auto":
+            weighted_metrics = None
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            weighted_metrics=weighted_metrics,
+            sampler=sampler,
+            **kwargs,
+        )
+
+    def _target_signatures(self, y):
+        if y is None:
+            return None
+        # `compute_metrics` runs right after `compute_loss` in the same train
+        # or test step; on JAX it runs outside the scope that holds the
+        # variables' values, so it reuses the signatures computed here.
+        cached = getattr(self, "_signature_cache", None)
+        if cached is not None and cached[0] is y:
+            return cached[1]
+        signatures = self.backbone.signature_lookup(y)
+        self._signature_cache = (y, signatures)
+        return signatures
+
+    def compute_loss(
+        self, x=None, y=None, y_pred=None, sample_weight=None, training=True
+    ):
+        return super().compute_loss(
+            x=x,
+            y=self._target_signatures(y),
+            y_pred=y_pred,
+            sample_weight=sample_weight,
+            training=training,
+        )
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        signatures = self._target_signatures(y)
+        self._signature_cache = None
+        return super().compute_metrics(
+            x, signatures, y_pred, sample_weight=sample_weight
+        )
+
+    def fit(self, *args, **kwargs):
+        self.check_tokenizer()
+        return super().fit(*args, **kwargs)
+
+    # --- Inference ----------------------------------------------------------
+
+    def bucket_logits(self, hidden_states):
+        """Final hidden states `[..., d]` -> bucket logits `[..., H, B]`."""
+        return self.hash_decoder(hidden_states, self.backbone.hash_encoder.embeddings)
+
+    def token_log_probs(self, hidden_states):
+        """Final hidden states `[..., d]` -> token log-probs `[..., V]` (fp32)."""
+        return self.backbone.signature_lookup.token_log_probs(
+            self.bucket_logits(hidden_states)
+        )
+
+    def _trunk_with_cache(self, token_ids, cache, cache_update_index):
+        x = self.backbone.embed(token_ids)
+        updated_cache = []
+        for i in range(self.backbone.num_layers):
+            x, next_cache = self.backbone.transformer_layers[i](
+                x,
+                self_attention_cache=cache[:, i, ...],
+                self_attention_cache_update_index=cache_update_index,
+            )
+            updated_cache.append(next_cache)
+        cache = ops.stack(updated_cache, axis=1)
+        return self.backbone.layer_norm(x), cache
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """Forward pass with a KV cache, for generation.
+
+        Args:
+            token_ids: int `[b, s]`.
+            cache: float `[b, num_layers, 2, max_length, num_kv_heads, head_dim]`.
+            cache_update_index: int, position of `token_ids[:, 0]`.
+
+        Returns:
+            `(token_log_probs [b, s, V], hidden_states [b, s, d], cache)`.
+        """
+        hidden_states, cache = self._trunk_with_cache(
+            token_ids, cache, cache_update_index
+        )
+        return self.token_log_probs(hidden_states), hidden_states, cache
+
+    def _build_cache(self, token_ids):
+        """Builds and seeds the KV cache (the trunk only: the prompt's token
+        log-probs are not needed)."""
+        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        shape = [
+            batch_size,
+            self.backbone.num_layers,
+            2,
+            max_length,
+            self.backbone.num_key_value_heads,
+            self.backbone.head_dim,
+        ]
+        cache = ops.zeros(shape, dtype=self.compute_dtype)
+        hidden_states, cache = self._trunk_with_cache(token_ids, cache, 0)
+        return hidden_states, cache
+
+    # The generation loop only calls `_build_cache`, `call_with_cache` and the
+    # sampler, so KerasHub's own Qwen3 implementation serves unchanged.
+    generate_step = Qwen3CausalLM.generate_step
+
+    def generate(self, *args, **kwargs):
+        self.check_tokenizer()
+        return super().generate(*args, **kwargs)
+
+    def score(
+        self,
+        token_ids,
+        padding_mask=None,
+        scoring_mode="logits",
+        layer_intercept_fn=None,
+        target_ids=None,
+    ):
+        """Scores token sequences, like KerasHub's `CausalLM.score`.
+
+        Args:
+            token_ids: int `[b, s]`.
+            padding_mask: optional `[b, s]` mask (defaults to all ones).
+            scoring_mode: `"logits"` returns token log-probabilities over the
+                real vocabulary `[b, s, V]` (float32, already normalised:
+                `log_softmax` of them is the identity); `"loss"` returns the
+                per-token negative log-likelihood of `target_ids` `[b, s]`.
+            layer_intercept_fn: optional `fn(x, i)` applied to the input
+                embeddings (`i = -1`) and to each block's output (`i = 0..`).
+            target_ids: int `[b, s]`, required for `"loss"`.
+        """
+        if scoring_mode not in ("logits", "loss"):
+            raise ValueError(
+                "Unsupported scoring_mode. Must be one of 'logits' or 'loss'."
+            )
+        if scoring_mode == "loss" and target_ids is None:
+            raise ValueError(
+                "Cannot compute loss without targets. Please provide target "
+                "token ids via the target_ids parameter."
+            )
+        self.check_tokenizer()
+        if padding_mask is None:
+            padding_mask = ops.ones(ops.shape(token_ids)[:2], dtype="int32")
+        if layer_intercept_fn is None:
+
+            def layer_intercept_fn(x, unused_i):
+                return x
+
+        x = layer_intercept_fn(self.backbone.embed(token_ids), -1)
+        for i, block in enumerate(self.backbone.transformer_layers):
+            x = layer_intercept_fn(block(x, decoder_padding_mask=padding_mask), i)
+        log_probs = self.token_log_probs(self.backbone.layer_norm(x))
+        if scoring_mode == "logits":
+            return log_probs
+        targets = ops.cast(target_ids, "int32")[..., None]
+        return -ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+
+    # --- Vocabulary ---------------------------------------------------------
+
+    def check_tokenizer(self, force=False):
+        """Raises a clear error if the attached tokenizer does not match the
+        model's signature table (checked once per model unless `force`)."""
+        if self._tokenizer_checked and not force:
+            return
+        tokenizer = getattr(self.preprocessor, "tokenizer", None)
+        if tokenizer is None or getattr(tokenizer, "proto", None) is None:
+            self._tokenizer_checked = True
+            return
+        backbone = self.backbone
+        vocabulary = tokenizer.get_vocabulary()
+        if len(vocabulary) != backbone.vocabulary_size:
+            raise ValueError(
+                f"The tokenizer has {len(vocabulary)} tokens but the model's "
+                f"signature table has {backbone.vocabulary_size} rows: they do not "
+                "belong together. Attach the tokenizer the model was trained "
+                "with, or call `expand_vocabulary` with the new tokens."
+            )
+        stored = backbone.signature_lookup.get_signatures()
+        try:
+            expected = SignatureTable.from_tokens(
+                vocabulary,
+                backbone.num_hashes,
+                backbone.num_buckets,
+                tokenizer.pad_token_id,
+                backbone.signature_rule,
+            ).signatures
+        except ValueError as error:
+            raise ValueError(
+                f"The tokenizer's vocabulary cannot be hashed with the model's "
+                f"settings: {error}"
+            ) from error
+        if not np.array_equal(stored, expected):
+            rows = np.nonzero(np.any(stored != expected, axis=1))[0]
+            raise ValueError(
+                f"The tokenizer does not match the model's signature table: "
+                f"{len(rows)} of {len(stored)} token(s) hash differently (e.g. "
+                f"id {rows[0]} {vocabulary[rows[0]]!r}: model "
+                f"{tuple(stored[rows[0]].tolist())}, tokenizer "
+                f"{tuple(expected[rows[0]].tolist())}). The model would read "
+                "the wrong embeddings; attach the tokenizer it was trained with."
+            )
+        self._tokenizer_checked = True
+
+    def expand_vocabulary(self, new_tokens=None, tokenizer=None):
+        """Returns a model for a larger vocabulary, with no new parameters.
+
+        New tokens are appended after the old ids and hashed with the same
+        rule and seeds (paper Sec. 4.4), so every old signature, and so the
+        old tokens' behaviour, is unchanged. All trained weights are shared
+        by value with the returned model.
+
+        Args:
+            new_tokens: list of new token strings (appended in order).
+            tokenizer: alternatively, the expanded `MultiHashFormerTokenizer`:
+                its first `V` pieces must be the current vocabulary, and the
+                rest are the new tokens. It becomes the new model's tokenizer;
+                without it the returned model has no preprocessor.
+
+        Returns:
+            A new `MultiHashFormerCausalLM`.
+        """
+        backbone = self.backbone
+        old_tokenizer = getattr(self.preprocessor, "tokenizer", None)
+        if old_tokenizer is not None:
+            old_vocabulary = old_tokenizer.get_vocabulary()
+        elif tokenizer is not None:
+            old_vocabulary = tokenizer.get_vocabulary()[: backbone.vocabulary_size]
+        else:
+            raise ValueError(
+                "expand_vocabulary needs the old token strings: attach the "
+                "model's tokenizer (preprocessor) or pass the expanded `tokenizer`."
+            )
+        if tokenizer is not None:
+            vocabulary = tokenizer.get_vocabulary()
+            if vocabulary[: len(old_vocabulary)] != old_vocabulary:
+                raise ValueError(
+                    "The new tokenizer does not start with the model's vocabulary: "
+                    "old ids must keep their pieces. Append new pieces after the "
+                    "old ones."
+                )
+            if new_tokens is not None and list(new_tokens) != vocabulary[len(old_vocabulary) :]:
+                raise ValueError("`new_tokens` differs from the tokenizer's new pieces.")
+            new_tokens = vocabulary[len(old_vocabulary) :]
+        if not new_tokens:
+            raise ValueError("No new tokens to add.")
+        old_table = backbone.get_signature_table(tokens=old_vocabulary)
+        new_table = old_table.expand(list(new_tokens))
+        config = backbone.get_config()
+        config.update(vocabulary_size=len(new_table), signatures=new_table)
+        new_backbone = MultiHashFormerBackbone.from_config(config)
+        for old, new in zip(backbone.weights, new_backbone.weights):
+            if new is new_backbone.signature_lookup.signatures:
+                continue
+            new.assign(old)
+        # With only `new_tokens`, no tokenizer can produce the new ids: the
+        # returned model has no preprocessor until one is attached.
+        preprocessor = None
+        if tokenizer is not None:
+            old = self.preprocessor
+            preprocessor = MultiHashFormerCausalLMPreprocessor(
+                tokenizer,
+                sequence_length=old.sequence_length if old else 1024,
+                add_start_token=old.add_start_token if old else True,
+                add_end_token=old.add_end_token if old else True,
+            )
+        expanded = MultiHashFormerCausalLM(new_backbone, preprocessor)
+        for old, new in zip(self.hash_decoder.weights, expanded.hash_decoder.weights):
+            new.assign(old)
+        expanded._tokenizer_checked = True
+        return expanded
