@@ -53,3 +53,55 @@ def openstax_dir():
 def _reset_dtype_policy():
     yield
     keras.config.set_dtype_policy("float32")
+
+
+CORPUS = [
+    "The cell is the basic unit of life and every organism is made of cells.",
+    "Energy is conserved in a closed system, so work and heat balance out.",
+    "Water boils at one hundred degrees Celsius at sea level.",
+    "A market price rises when demand grows faster than supply.",
+    "The mitochondria release energy that the cell uses to do work.",
+    "Light travels faster than sound, which is why thunder comes later.",
+    "Plants turn sunlight, water and carbon dioxide into sugar and oxygen.",
+    "An atom has a nucleus of protons and neutrons with electrons around it.",
+] * 4
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    return list(CORPUS)
+
+
+@pytest.fixture(scope="session")
+def small_proto():
+    """A SentencePiece model trained here on a few sentences (no data files)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS),
+        model_writer=model,
+        vocab_size=120,
+        model_type="bpe",
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+@pytest.fixture
+def small_tokenizer(small_proto):
+    from keras_mhf.models import MultiHashFormerTokenizer
+
+    return MultiHashFormerTokenizer(small_proto)
+
+
+@pytest.fixture
+def tiny_lm(small_tokenizer):
+    from keras_mhf.models import MultiHashFormerCausalLM
+
+    keras.utils.set_random_seed(0)
+    return MultiHashFormerCausalLM.from_tokenizer(
+        small_tokenizer, "tiny_h3b64", sequence_length=16
+    )

@@ -1,2 +1,262 @@
+"""Converts a Hugging Face checkpoint of the authors' MultiHashFormer code
+(GitHub HUIYINXUE/MHF) into a `MultiHashFormerCausalLM`.
+
+Format (DESIGN §4): `config.json` with the Qwen3 fields plus `num_hashes`,
+`num_buckets`, `num_lsh` (must be 0), `bottle_neck_dim`, `pad_token_id`; and
+`model.safetensors` (or a sharded `model.safetensors.index.json`). Only
+safetensors are read, never pickle. The stock Qwen3 blocks are ported with
+KerasHub's own converter (`keras_hub.src.utils.transformers.convert_qwen3`).
+"""
+
+import json
+import os
+
+import numpy as np
+from keras_hub.src.utils.transformers import convert_qwen3
+from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
+
+from keras_mhf.signature_table import SignatureTable
+
+_REQUIRED = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "rms_norm_eps",
+    "vocab_size",
+    "num_hashes",
+    "num_buckets",
+    "bottle_neck_dim",
+)
+
+
 def is_authors_checkpoint(preset):
-    return False
+    """True for a local directory whose `config.json` has `num_hashes`."""
+    path = os.path.join(str(preset), "config.json")
+    if not os.path.isdir(str(preset)) or not os.path.exists(path):
+        return False
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        # A KerasHub preset's config.json is valid JSON; anything else that
+        # names itself like an HF checkpoint is reported by `read_config`.
+        return os.path.exists(os.path.join(str(preset), "model.safetensors")) or (
+            os.path.exists(os.path.join(str(preset), "pytorch_model.bin"))
+        )
+    return isinstance(config, dict) and "num_hashes" in config
+
+
+def read_config(directory):
+    """Reads and validates `config.json`; returns the backbone kwargs."""
+    path = os.path.join(directory, "config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except ValueError as error:
+        raise ValueError(f"{path} is not valid JSON: {error}") from error
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object.")
+    missing = [key for key in _REQUIRED if key not in config]
+    if missing:
+        raise ValueError(f"{path} is missing required field(s): {missing}.")
+    if config.get("num_lsh", 0) != 0:
+        raise ValueError(
+            f"{path} has num_lsh={config['num_lsh']}: LSH heads (the paper's "
+            "LSH ablation) are not supported; only MurmurHash3 heads (num_lsh=0)."
+        )
+    rope = config.get("rope_parameters") or {}
+    rope_theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000))
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kwargs = dict(
+        vocabulary_size=config["vocab_size"],
+        num_hashes=config["num_hashes"],
+        num_buckets=config["num_buckets"],
+        num_layers=config["num_hidden_layers"],
+        num_query_heads=heads,
+        num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config.get("head_dim") or hidden // heads,
+        hidden_dim=hidden,
+        intermediate_dim=config["intermediate_size"],
+        gate_dim=config["bottle_neck_dim"],
+        mixer_dim=config["bottle_neck_dim"],
+        rope_max_wavelength=rope_theta,
+        layer_norm_epsilon=config["rms_norm_eps"],
+        pad_token_id=config.get("pad_token_id"),
+        signature_rule="reference",
+    )
+    for key, value in kwargs.items():
+        if key not in ("pad_token_id", "signature_rule", "rope_max_wavelength", "layer_norm_epsilon"):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"{path}: {key} must be a positive integer; got {value!r}."
+                )
+    return kwargs
+
+
+class _CheckedLoader(SafetensorLoader):
+    """SafetensorLoader whose errors name the key and the expected shape."""
+
+    def get_tensor(self, hf_weight_key):
+        try:
+            return super().get_tensor(hf_weight_key)
+        except Exception as error:  # safetensors raises its own error types
+            raise ValueError(
+                f"The checkpoint in {self.preset} has no tensor "
+                f"'{hf_weight_key}' (with or without the 'model.' prefix)."
+            ) from error
+
+    def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
+        tensor = self.get_tensor(hf_weight_key)
+        expected = tuple(keras_variable.shape)
+        try:
+            converted = hook_fn(tensor, list(expected)) if hook_fn else tensor
+        except ValueError as error:
+            converted = None
+            reason = str(error)
+        if converted is None or tuple(converted.shape) != expected:
+            raise ValueError(
+                f"Tensor '{hf_weight_key}' has shape {tuple(tensor.shape)}, which "
+                f"does not give the expected Keras shape {expected}"
+                + ("" if converted is not None else f" ({reason})")
+                + ". The checkpoint does not match its config.json."
+            )
+        keras_variable.assign(np.asarray(converted, dtype="float32"))
+
+    def read(self, hf_weight_key, expected_shape):
+        tensor = self.get_tensor(hf_weight_key)
+        if tuple(tensor.shape) != tuple(expected_shape):
+            raise ValueError(
+                f"Tensor '{hf_weight_key}' has shape {tuple(tensor.shape)}; "
+                f"expected {tuple(expected_shape)} from config.json."
+            )
+        return tensor
+
+
+class _Sink:
+    """Stands in for Qwen3's token embedding, which MHF does not have."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def assign(self, value):
+        pass
+
+
+class _TrunkView:
+    """What KerasHub's Qwen3 converter expects of a backbone."""
+
+    def __init__(self, backbone):
+        self._backbone = backbone
+        self.num_layers = backbone.num_layers
+        self.tie_word_embeddings = True
+        self._embedding = type(
+            "Embedding",
+            (),
+            {"embeddings": _Sink((backbone.num_hashes * backbone.num_buckets, backbone.hidden_dim))},
+        )()
+
+    def get_layer(self, name):
+        if name == "token_embedding":
+            return self._embedding
+        return self._backbone.get_layer(name)
+
+
+def _check_weight_files(directory):
+    names = set(os.listdir(directory))
+    if "model.safetensors" in names or "model.safetensors.index.json" in names:
+        return
+    pickles = sorted(n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt")))
+    if pickles:
+        raise ValueError(
+            f"{directory} holds only pickle weights ({pickles}); keras_mhf reads "
+            "safetensors only, since unpickling can run arbitrary code. Convert "
+            "once, in a trusted PyTorch environment: `from transformers import "
+            "AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained(dir, "
+            "trust_remote_code=True).save_pretrained(dir, safe_serialization=True)` "
+            "(or `safetensors.torch.save_file(torch.load(f), 'model.safetensors')`)."
+        )
+    raise ValueError(f"{directory} has no model.safetensors.")
+
+
+def load_authors_checkpoint(
+    directory, load_weights=True, tokenizer=None, dtype=None, sequence_length=1024
+):
+    """Builds a `MultiHashFormerCausalLM` from the authors' HF checkpoint.
+
+    Args:
+        directory: local checkpoint directory.
+        load_weights: whether to read the weights.
+        tokenizer: a `MultiHashFormerTokenizer`, or a path to a SentencePiece
+            `.model`; defaults to `tokenizer.model` in the directory if there
+            is one. It is checked against the checkpoint's `hash_map`.
+        dtype: dtype policy.
+        sequence_length: the preprocessor's packed length.
+    """
+    from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
+    from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
+    from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
+        MultiHashFormerCausalLMPreprocessor,
+    )
+    from keras_mhf.models.multi_hash_former_tokenizer import MultiHashFormerTokenizer
+
+    directory = str(directory)
+    kwargs = read_config(directory)
+    _check_weight_files(directory)
+    vocabulary_size, num_hashes = kwargs["vocabulary_size"], kwargs["num_hashes"]
+    num_buckets, hidden = kwargs["num_buckets"], kwargs["hidden_dim"]
+    with _CheckedLoader(directory) as loader:
+        hash_map = loader.read("hash_map", (vocabulary_size, num_hashes))
+        if hash_map.min() < 0 or hash_map.max() >= num_buckets:
+            raise ValueError(
+                f"Tensor 'model.hash_map' holds bucket ids outside [0, "
+                f"{num_buckets - 1}] (num_buckets in config.json)."
+            )
+        table = SignatureTable(hash_map, num_buckets, kwargs["pad_token_id"], "reference")
+
+        if isinstance(tokenizer, str):
+            tokenizer = MultiHashFormerTokenizer(tokenizer)
+        elif tokenizer is None and os.path.exists(os.path.join(directory, "tokenizer.model")):
+            tokenizer = MultiHashFormerTokenizer(os.path.join(directory, "tokenizer.model"))
+
+        backbone = MultiHashFormerBackbone(signatures=table, dtype=dtype, **kwargs)
+        preprocessor = (
+            MultiHashFormerCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+            if tokenizer is not None
+            else None
+        )
+        model = MultiHashFormerCausalLM(backbone, preprocessor)
+        if load_weights:
+            _port_weights(loader, model, num_hashes, num_buckets, hidden)
+    model.check_tokenizer(force=True)
+    return model
+
+
+def _port_weights(loader, model, num_hashes, num_buckets, hidden):
+    backbone = model.backbone
+    encoder = backbone.hash_encoder
+
+    def transpose(tensor, _):
+        return np.transpose(tensor)
+
+    loader.port_weight(
+        encoder.embeddings,
+        "embed_tokens.weight",
+        lambda t, shape: np.reshape(t, shape) if t.shape == (num_hashes * num_buckets, hidden) else t,
+    )
+    for dense, key in (
+        (encoder.gate_dense, "combiner.scorer.0"),
+        (encoder.score_dense, "combiner.scorer.2"),
+        (encoder.output_dense, "combiner.output_proj.0"),
+    ):
+        loader.port_weight(dense.kernel, f"{key}.weight", transpose)
+        loader.port_weight(dense.bias, f"{key}.bias")
+    decoder = model.hash_decoder
+    for k, (down, up) in enumerate(zip(decoder.down_denses, decoder.up_denses)):
+        for dense, key in ((down, f"hash_head.cascade_mixer.{k}.0"), (up, f"hash_head.cascade_mixer.{k}.2")):
+            loader.port_weight(dense.kernel, f"{key}.weight", transpose)
+            loader.port_weight(dense.bias, f"{key}.bias")
+    # Stock Qwen3 blocks and the final norm, with KerasHub's converter.
+    convert_qwen3.convert_weights(_TrunkView(backbone), loader, None)
