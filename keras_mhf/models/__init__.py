@@ -2,6 +2,7 @@
 tokenizer, and the Standard (Qwen3) baseline."""
 
 from keras_mhf.models.multi_hash_former_architectures import architecture_names
+from keras_mhf.models.multi_hash_former_architectures import count_parameters
 from keras_mhf.models.multi_hash_former_architectures import parse_architecture
 from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
 from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM

@@ -102,3 +102,51 @@ def architecture_names():
     for trunk in ("tiny", "mini", "small"):
         names += [trunk, f"{trunk}_h3b512", f"{trunk}_h4b1024"]
     return names
+
+
+def count_parameters(architecture, vocabulary_size=32768, extra_layers=0, **overrides):
+    """Analytic parameter counts, without allocating any weight.
+
+    Args:
+        architecture: a name such as `"1b"` (Standard) or `"1b_h4b16k"`.
+        vocabulary_size: `V` (only the Standard embedding depends on it).
+        extra_layers: decoder blocks added to the trunk (Standard+kL).
+        **overrides: any trunk or hash argument (e.g. `num_buckets=2048`).
+
+    Returns:
+        dict with `embedding` (Standard: the tied `V x d` matrix; MHF: the H
+        bucket tables plus the gated combiner), `decoder` (MHF: the cascade
+        mixers; Standard: 0, the head is tied), `trunk` (blocks + final
+        norm), `total`, and `signature_table_entries` (MHF's non-trainable
+        int table, `V x H`, not counted in `total`).
+    """
+    from keras_mhf.models.qwen3_trunk import trunk_parameter_count
+
+    trunk, hashes = parse_architecture(architecture)
+    trunk["num_layers"] += int(extra_layers)
+    for key in list(overrides):
+        if key in trunk:
+            trunk[key] = overrides.pop(key)
+    if hashes is not None:
+        hashes.update({k: overrides.pop(k) for k in list(overrides) if k in hashes})
+    if overrides:
+        raise ValueError(f"Unknown arguments: {sorted(overrides)}")
+    d = trunk["hidden_dim"]
+    body = trunk_parameter_count(**trunk)
+    if hashes is None:
+        embedding, decoder, table = vocabulary_size * d, 0, 0
+    else:
+        h, b = hashes["num_hashes"], hashes["num_buckets"]
+        g, m = hashes["gate_dim"], hashes["mixer_dim"]
+        # Sec. 3.1: H tables, W1/b1, w2/b2, Ws/bs.
+        embedding = h * b * d + (d * g + g) + (g + 1) + (d * d + d)
+        # Sec. 3.3: H-1 mixers, W_dn [2d, m] + b_dn, W_up [m, d] + b_up.
+        decoder = (h - 1) * (2 * d * m + m + m * d + d)
+        table = vocabulary_size * h
+    return {
+        "embedding": embedding,
+        "decoder": decoder,
+        "trunk": body,
+        "total": embedding + decoder + body,
+        "signature_table_entries": table,
+    }

@@ -3,7 +3,6 @@ from keras_hub.models import Backbone
 
 from keras_mhf.layers.hash_encoder import HashEncoder
 from keras_mhf.layers.signature_lookup import SignatureLookup
-from keras_mhf.models.qwen3_trunk import fix_qk_norm_epsilon
 from keras_mhf.models.qwen3_trunk import make_decoder_blocks
 from keras_mhf.models.qwen3_trunk import make_final_norm
 from keras_mhf.signature_table import SignatureTable
@@ -150,7 +149,6 @@ class MultiHashFormerBackbone(Backbone):
             dtype=dtype,
             **kwargs,
         )
-        fix_qk_norm_epsilon(self.transformer_layers, layer_norm_epsilon)
 
         # === Config ===
         self.vocabulary_size = vocabulary_size

@@ -6,10 +6,13 @@ RMSNorm on q and k, SwiGLU MLP without biases, a final RMSNorm, full attention.
 This is the only module that imports KerasHub's private Qwen3 block
 (`keras_hub.src.models.qwen3`), so a KerasHub upgrade touches one file. The
 pinned keras-hub 0.32 has two known bugs we work around here: the q/k-norm
-epsilon is not forwarded from the block (it stays 1e-5), and the block's
-`get_config` omits `head_dim`/`sliding_window_size`. We set the epsilon after
-the blocks are built and never serialise a block on its own (backbones are
-rebuilt from their constructor arguments).
+epsilon is not forwarded from the block (it stays 1e-5, where HF Qwen3 uses
+`rms_norm_eps`), and the block's `get_config` omits `head_dim` and
+`sliding_window_size`. Importing this module patches the block's `build` so
+the q/k norms get the block's `layer_norm_epsilon` (this also holds for
+KerasHub Qwen3 models rebuilt from a preset, so a saved Standard baseline
+reloads with the same numbers); and we never serialise a block on its own
+(backbones are rebuilt from their constructor arguments).
 """
 
 import keras
@@ -61,14 +64,22 @@ def make_final_norm(layer_norm_epsilon, dtype):
     )
 
 
-def fix_qk_norm_epsilon(blocks, layer_norm_epsilon):
-    """Gives the built blocks' q/k RMSNorms the backbone's epsilon (HF Qwen3
-    uses `rms_norm_eps` there too; keras-hub 0.32 leaves them at 1e-5)."""
-    for block in blocks:
-        attention = block._self_attention_layer
-        attention._query_dense_layer_norm.epsilon = layer_norm_epsilon
-        attention._key_dense_layer_norm.epsilon = layer_norm_epsilon
-        attention.layer_norm_epsilon = layer_norm_epsilon
+def _set_qk_norm_epsilon(block):
+    attention = block._self_attention_layer
+    attention._query_dense_layer_norm.epsilon = block.layer_norm_epsilon
+    attention._key_dense_layer_norm.epsilon = block.layer_norm_epsilon
+    attention.layer_norm_epsilon = block.layer_norm_epsilon
+
+
+if not getattr(Qwen3TransformerDecoder.build, "_keras_mhf_patched", False):
+    _original_build = Qwen3TransformerDecoder.build
+
+    def _build_with_qk_epsilon(self, decoder_sequence_shape):
+        _original_build(self, decoder_sequence_shape)
+        _set_qk_norm_epsilon(self)
+
+    _build_with_qk_epsilon._keras_mhf_patched = True
+    Qwen3TransformerDecoder.build = _build_with_qk_epsilon
 
 
 def trunk_parameter_count(

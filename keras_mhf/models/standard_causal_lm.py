@@ -4,11 +4,13 @@ import keras
 from keras_hub.models import Qwen3Backbone
 from keras_hub.models import Qwen3CausalLM
 
+# Imported for its fix of the q/k-norm epsilon of KerasHub's Qwen3 block.
+import keras_mhf.models.qwen3_trunk  # noqa: F401
+
 from keras_mhf.models.multi_hash_former_architectures import parse_architecture
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
-from keras_mhf.models.qwen3_trunk import fix_qk_norm_epsilon
 
 
 def standard_causal_lm(
@@ -59,7 +61,6 @@ def standard_causal_lm(
         dtype=dtype,
         **trunk,
     )
-    fix_qk_norm_epsilon(backbone.transformer_layers, epsilon)
     # The authors initialise the embedding N(0, 0.02) (KerasHub uses 0.01).
     embeddings = backbone.token_embedding.embeddings
     embeddings.assign(
