@@ -1,0 +1,289 @@
+"""Evaluation of MultiHashFormer and Standard causal LMs, computed the way
+lm-eval computes it: log-likelihoods from log-softmax over the real
+vocabulary (MHF: paper Sec. 3.4, inference), per-token, per-example.
+
+Every function takes a KerasHub causal LM whose `score()` returns `[b, s, V]`
+scores (`MultiHashFormerCausalLM` or the Standard `Qwen3CausalLM`) and its
+tokenizer.
+"""
+
+import numpy as np
+from keras import ops
+
+
+def _log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def token_log_likelihoods(model, token_ids, padding_mask=None, batch_size=8):
+    """Log-probability of each next token: `[n, s-1]` for `[n, s]` ids.
+
+    Entry `[i, t]` is `log p(token_ids[i, t+1] | token_ids[i, :t+1])`,
+    normalised over the whole vocabulary (float32).
+    """
+    token_ids = np.asarray(token_ids, "int32")
+    if padding_mask is None:
+        padding_mask = np.ones_like(token_ids)
+    padding_mask = np.asarray(padding_mask, "int32")
+    out = []
+    for start in range(0, len(token_ids), batch_size):
+        ids = token_ids[start : start + batch_size]
+        mask = padding_mask[start : start + batch_size]
+        scores = np.asarray(ops.convert_to_numpy(model.score(ids, mask)), "float32")
+        # MHF scores are already log-probs; Standard scores are logits.
+        log_probs = _log_softmax(scores[:, :-1])
+        out.append(np.take_along_axis(log_probs, ids[:, 1:, None], -1)[..., 0])
+    return np.concatenate(out, 0)
+
+
+def perplexity(model, blocks, batch_size=8):
+    """Perplexity over the real vocabulary of packed `[n, L+1]` blocks.
+
+    Returns:
+        dict with `perplexity`, `loss` (mean NLL per predicted token, nats),
+        `accuracy` (next-token top-1) and `tokens`.
+    """
+    blocks = np.asarray(blocks, "int32")
+    nll, correct = [], []
+    for start in range(0, len(blocks), batch_size):
+        ids = blocks[start : start + batch_size]
+        scores = np.asarray(ops.convert_to_numpy(model.score(ids)), "float32")
+        log_probs = _log_softmax(scores[:, :-1])
+        targets = ids[:, 1:]
+        nll.append(-np.take_along_axis(log_probs, targets[..., None], -1)[..., 0])
+        correct.append(log_probs.argmax(-1) == targets)
+    nll = np.concatenate(nll).astype("float64")
+    loss = float(nll.mean())
+    return {
+        "perplexity": float(np.exp(loss)),
+        "loss": loss,
+        "accuracy": float(np.concatenate(correct).mean()),
+        "tokens": int(nll.size),
+    }
+
+
+# --- Task data --------------------------------------------------------------
+
+
+def _encode(tokenizer, text):
+    return [int(t) for t in np.asarray(ops.convert_to_numpy(tokenizer(text))).reshape(-1)]
+
+
+def encode_pair(tokenizer, context, continuation):
+    """Token ids of `<s> context` and of the continuation, split like
+    lm-eval's `_encode_pair`: a trailing space of the context moves to the
+    continuation, the pair is encoded whole, and the continuation is what
+    follows the encoded context. Every sequence starts with `<s>`, as the
+    models saw it in training."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        continuation = context[-spaces:] + continuation
+        context = context[:-spaces]
+    bos = [tokenizer.start_token_id]
+    whole = _encode(tokenizer, context + continuation)
+    context_ids = _encode(tokenizer, context)
+    return bos + context_ids, whole[len(context_ids):]
+
+
+def loglikelihoods(model, tokenizer, requests, batch_size=8):
+    """lm-eval style log-likelihood requests.
+
+    Args:
+        requests: list of `(context, continuation)` strings.
+
+    Returns:
+        list of `(log_likelihood, is_greedy)`: the summed log-probability of
+        the continuation's tokens given the context, and whether each of them
+        is the argmax under teacher forcing.
+    """
+    encoded = [encode_pair(tokenizer, c, x) for c, x in requests]
+    results = [None] * len(encoded)
+    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]) - len(encoded[i][1]))
+    for start in range(0, len(order), batch_size):
+        batch = order[start : start + batch_size]
+        seqs = [encoded[i][0] + encoded[i][1] for i in batch]
+        length = max(len(s) for s in seqs)
+        ids = np.zeros((len(seqs), length), "int32")
+        mask = np.zeros((len(seqs), length), "int32")
+        for row, seq in enumerate(seqs):
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        scores = np.asarray(ops.convert_to_numpy(model.score(ids, mask)), "float32")
+        log_probs = _log_softmax(scores)
+        for row, i in enumerate(batch):
+            context, continuation = encoded[i]
+            positions = np.arange(len(context) - 1, len(context) + len(continuation) - 1)
+            target = np.asarray(continuation)
+            token_lp = log_probs[row, positions, target]
+            greedy = bool(np.all(log_probs[row, positions].argmax(-1) == target))
+            results[i] = (float(token_lp.sum()), greedy)
+    return results
+
+
+def read_jsonl(path):
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def lambada(model, tokenizer, path, batch_size=8, limit=None):
+    """LAMBADA in OpenAI's `lambada_test.jsonl` format (`{"text": ...}`).
+
+    The target is the last space-separated word; accuracy counts examples
+    whose every target token is the greedy choice, and perplexity is
+    `exp(-mean log-likelihood of the target)`, as lm-eval's `lambada_openai`.
+
+    Returns:
+        `(metrics, per_example)`.
+    """
+    docs = read_jsonl(path)[:limit]
+    requests = []
+    for doc in docs:
+        context, word = doc["text"].rsplit(" ", 1)
+        requests.append((context, " " + word))
+    results = loglikelihoods(model, tokenizer, requests, batch_size)
+    lls = np.array([r[0] for r in results])
+    examples = [
+        {"context": c, "target": t, "loglikelihood": r[0], "correct": r[1]}
+        for (c, t), r in zip(requests, results)
+    ]
+    metrics = {
+        "acc": float(np.mean([r[1] for r in results])),
+        "perplexity": float(np.exp(-lls.mean())),
+        "examples": len(docs),
+    }
+    return metrics, examples
+
+
+def multiple_choice(model, tokenizer, path, batch_size=8, limit=None):
+    """Multiple choice in `{"query", "choices": [...], "gold": i}` JSONL.
+
+    Each choice is scored as the continuation `" " + choice` of the query;
+    `acc` takes the highest summed log-likelihood, `acc_norm` the highest
+    log-likelihood per character of the choice, like lm-eval.
+
+    Returns:
+        `(metrics, per_example)`.
+    """
+    docs = read_jsonl(path)[:limit]
+    requests = [(d["query"], " " + c) for d in docs for c in d["choices"]]
+    results = loglikelihoods(model, tokenizer, requests, batch_size)
+    examples, acc, acc_norm, k = [], [], [], 0
+    for d in docs:
+        n = len(d["choices"])
+        lls = np.array([r[0] for r in results[k : k + n]])
+        k += n
+        lengths = np.array([len(c) for c in d["choices"]], "float64")
+        pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
+        acc.append(pred == d["gold"])
+        acc_norm.append(pred_norm == d["gold"])
+        examples.append({"query": d["query"], "loglikelihoods": lls.tolist(),
+                         "prediction": pred, "prediction_norm": pred_norm, "gold": d["gold"]})
+    return {"acc": float(np.mean(acc)), "acc_norm": float(np.mean(acc_norm)),
+            "examples": len(docs)}, examples
+
+
+def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
+    """Hidden state of each text's last token from the final layer (after
+    the final norm) and from the second-to-last block, as in the paper's
+    Sec. 4.3 (Hugging Face `hidden_states[-1]` and `[-2]`)."""
+    backbone = model.backbone
+    target_block = backbone.num_layers - 2
+    finals, penultimates = [], []
+    for start in range(0, len(texts), batch_size):
+        seqs = [[tokenizer.start_token_id] + _encode(tokenizer, t) for t in texts[start : start + batch_size]]
+        length = max(len(s) for s in seqs)
+        ids = np.zeros((len(seqs), length), "int32")
+        mask = np.zeros((len(seqs), length), "int32")
+        for row, seq in enumerate(seqs):
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        captured = {}
+
+        def intercept(x, i):
+            if i == target_block:
+                captured["h"] = x
+            return x
+
+        if target_block >= 0:
+            model.score(ids, mask, layer_intercept_fn=intercept)
+        final = np.asarray(ops.convert_to_numpy(
+            backbone({"token_ids": ids, "padding_mask": mask})), "float32")
+        last = mask.sum(1) - 1
+        rows = np.arange(len(seqs))
+        finals.append(final[rows, last])
+        if target_block >= 0:
+            h = np.asarray(ops.convert_to_numpy(captured["h"]), "float32")
+        else:  # a one-layer model: the second-to-last "layer" is the embedding
+            h = np.asarray(ops.convert_to_numpy(backbone.embed(ids)), "float32") \
+                if hasattr(backbone, "embed") else final
+        penultimates.append(h[rows, last])
+    return np.concatenate(finals), np.concatenate(penultimates)
+
+
+def _ranks(x):
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x), "float64")
+    ranks[order] = np.arange(len(x))
+    # Average ranks of ties.
+    values = np.asarray(x)[order]
+    start = 0
+    for end in range(1, len(x) + 1):
+        if end == len(x) or values[end] != values[start]:
+            ranks[order[start:end]] = (start + end - 1) / 2.0
+            start = end
+    return ranks
+
+
+def pearson(x, y):
+    x, y = np.asarray(x, "float64"), np.asarray(y, "float64")
+    x, y = x - x.mean(), y - y.mean()
+    return float((x * y).sum() / np.sqrt((x * x).sum() * (y * y).sum()))
+
+
+def spearman(x, y):
+    return pearson(_ranks(x), _ranks(y))
+
+
+def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
+    """Card-660-format word similarity (TSV `word1<TAB>word2<TAB>score`;
+    `_` in multi-word terms is read as a space).
+
+    Cosine similarity of the last token's hidden states (final layer and
+    second-to-last layer) against the human scores, Pearson and Spearman
+    (paper Sec. 4.3).
+
+    Returns:
+        `(metrics, per_example)`.
+    """
+    pairs = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            parts = line.rstrip("\n").split("\t")
+            if len(parts) < 3:
+                raise ValueError(f"{path}:{number}: expected word1<TAB>word2<TAB>score.")
+            pairs.append((parts[0].replace("_", " "), parts[1].replace("_", " "), float(parts[2])))
+    pairs = pairs[:limit]
+    words = sorted({w for p in pairs for w in p[:2]})
+    final, penultimate = last_token_hidden_states(model, tokenizer, words, batch_size)
+    index = {w: i for i, w in enumerate(words)}
+
+    def cosine(a, b):
+        return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-12))
+
+    gold = [p[2] for p in pairs]
+    metrics, examples = {"pairs": len(pairs)}, []
+    sims = {}
+    for name, states in (("final", final), ("second_to_last", penultimate)):
+        sims[name] = [cosine(states[index[a]], states[index[b]]) for a, b, _ in pairs]
+        metrics[f"{name}_pearson"] = pearson(sims[name], gold)
+        metrics[f"{name}_spearman"] = spearman(sims[name], gold)
+    for k, (a, b, score) in enumerate(pairs):
+        examples.append({"word1": a, "word2": b, "gold": score,
+                         "cosine_final": sims["final"][k],
+                         "cosine_second_to_last": sims["second_to_last"][k]})
+    return metrics, examples
