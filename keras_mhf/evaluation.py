@@ -70,6 +70,13 @@ def _encode(tokenizer, text):
     return [int(t) for t in np.asarray(ops.convert_to_numpy(tokenizer(text))).reshape(-1)]
 
 
+def _decode(tokenizer, ids):
+    text = tokenizer.detokenize(np.asarray(ids, "int32"))
+    if not isinstance(text, str):
+        text = np.asarray(ops.convert_to_numpy(text)).item()
+    return text.decode("utf-8") if isinstance(text, bytes) else text
+
+
 def encode_pair(tokenizer, context, continuation):
     """Token ids of `<s> context` and of the continuation, split like
     lm-eval's `_encode_pair`: a trailing space of the context moves to the
@@ -287,3 +294,40 @@ def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
                          "cosine_final": sims["final"][k],
                          "cosine_second_to_last": sims["second_to_last"][k]})
     return metrics, examples
+
+
+def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
+    """Scores each text on its own (`<s>` + tokens, truncated to
+    `max_length`): a tokenizer-independent view for comparing vocabularies.
+
+    Returns:
+        dict with `perplexity` (per token), `nats_per_character`,
+        `tokens_per_character`, `tokens` and `characters`.
+    """
+    seqs, chars = [], 0
+    for text in texts:
+        ids = ([tokenizer.start_token_id] + _encode(tokenizer, text))[:max_length]
+        if len(ids) < 2:
+            continue
+        seqs.append(ids)
+        # Characters covered by the (possibly truncated) tokens.
+        chars += len(text) if len(ids) < max_length else len(_decode(tokenizer, ids[1:]))
+    nll, tokens = 0.0, 0
+    for start in range(0, len(seqs), batch_size):
+        batch = seqs[start : start + batch_size]
+        length = max(len(s) for s in batch)
+        ids = np.zeros((len(batch), length), "int32")
+        mask = np.zeros((len(batch), length), "int32")
+        for row, s in enumerate(batch):
+            ids[row, : len(s)], mask[row, : len(s)] = s, 1
+        lls = token_log_likelihoods(model, ids, mask, batch_size=len(batch))
+        valid = mask[:, 1:].astype(bool)
+        nll -= float(lls[valid].sum())
+        tokens += int(valid.sum())
+    return {
+        "perplexity": float(np.exp(nll / tokens)),
+        "nats_per_character": nll / chars,
+        "tokens_per_character": tokens / chars,
+        "tokens": tokens,
+        "characters": chars,
+    }

@@ -93,6 +93,20 @@ def build_model(kind, tokenizer, architecture, sequence_length, extra_layers=0):
     raise ValueError(f"--model must be 'mhf' or 'standard'; got {kind!r}.")
 
 
+def fit_blocks(lm, blocks, batch_size, verbose=1):
+    """One `fit` pass over packed `[n, L+1]` blocks, in the given order."""
+    x, y, sample_weight = blocks_to_features(blocks)
+    preprocessor = lm.preprocessor
+    lm.preprocessor = None  # the blocks are already token ids
+    try:
+        return lm.fit(
+            x, y, sample_weight=sample_weight, batch_size=batch_size,
+            epochs=1, shuffle=False, verbose=verbose,
+        )
+    finally:
+        lm.preprocessor = preprocessor
+
+
 def data_order(num_blocks, total_samples, seed):
     """Sample indices for the whole run: shuffled passes over the blocks."""
     rng = np.random.default_rng(seed)
@@ -222,55 +236,47 @@ def pretrain(
     elif os.path.exists(log_path):
         os.remove(log_path)
 
-    preprocessor = lm.preprocessor
-    lm.preprocessor = None  # the blocks are already token ids
     started = time.time()
     fields = ["step", "tokens", "train_loss", "val_loss", "val_perplexity",
               "val_accuracy", "learning_rate", "seconds"]
-    try:
-        for chunk in range(start_chunk, chunks):
-            if stop_after_chunks is not None and chunk - start_chunk >= stop_after_chunks:
-                break
-            first = chunk * checkpoint_every
-            last = min(steps, first + checkpoint_every)
-            x, y, sample_weight = blocks_to_features(
-                train_blocks[order[first * batch_size : last * batch_size]]
+    for chunk in range(start_chunk, chunks):
+        if stop_after_chunks is not None and chunk - start_chunk >= stop_after_chunks:
+            break
+        first = chunk * checkpoint_every
+        last = min(steps, first + checkpoint_every)
+        if verbose:
+            print(f"Steps {first + 1}-{last} of {steps}")
+        history = fit_blocks(
+            lm, train_blocks[order[first * batch_size : last * batch_size]],
+            batch_size, verbose,
+        )
+        metrics = perplexity(lm, validation_blocks, batch_size)
+        row = {
+            "step": last,
+            "tokens": last * batch_size * sequence_length,
+            "train_loss": history.history["loss"][-1],
+            "val_loss": metrics["loss"],
+            "val_perplexity": metrics["perplexity"],
+            "val_accuracy": metrics["accuracy"],
+            "learning_rate": float(keras.ops.convert_to_numpy(
+                optimizer.learning_rate)),
+            "seconds": round(time.time() - started, 1),
+        }
+        new_file = not os.path.exists(log_path)
+        with open(log_path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            if new_file:
+                writer.writeheader()
+            writer.writerow(row)
+        if verbose:
+            print(
+                f"step {last}: train loss {row['train_loss']:.3f}, validation "
+                f"perplexity {row['val_perplexity']:.2f} (over the real vocabulary)"
             )
-            if verbose:
-                print(f"Steps {first + 1}-{last} of {steps}")
-            history = lm.fit(
-                x, y, sample_weight=sample_weight, batch_size=batch_size,
-                epochs=1, shuffle=False, verbose=verbose,
-            )
-            metrics = perplexity(lm, validation_blocks, batch_size)
-            row = {
-                "step": last,
-                "tokens": last * batch_size * sequence_length,
-                "train_loss": history.history["loss"][-1],
-                "val_loss": metrics["loss"],
-                "val_perplexity": metrics["perplexity"],
-                "val_accuracy": metrics["accuracy"],
-                "learning_rate": float(keras.ops.convert_to_numpy(
-                    optimizer.learning_rate)),
-                "seconds": round(time.time() - started, 1),
-            }
-            new_file = not os.path.exists(log_path)
-            with open(log_path, "a", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=fields)
-                if new_file:
-                    writer.writeheader()
-                writer.writerow(row)
-            if verbose:
-                print(
-                    f"step {last}: train loss {row['train_loss']:.3f}, validation "
-                    f"perplexity {row['val_perplexity']:.2f} (over the real vocabulary)"
-                )
-            lm.save_weights(checkpoint)
-            with open(state_path, "w") as f:
-                json.dump({"chunk": chunk + 1, "step": last, "steps": steps,
-                           "batch_size": batch_size}, f)
-    finally:
-        lm.preprocessor = preprocessor
+        lm.save_weights(checkpoint)
+        with open(state_path, "w") as f:
+            json.dump({"chunk": chunk + 1, "step": last, "steps": steps,
+                       "batch_size": batch_size}, f)
 
     finished = os.path.exists(state_path) and json.load(open(state_path))["chunk"] >= chunks
     summary = {

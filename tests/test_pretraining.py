@@ -44,7 +44,9 @@ def test_resume_after_a_crash_gives_identical_weights(tmp_path, corpus):
         assert os.path.exists(tmp_path / "full" / name), name
     log = (tmp_path / "full" / "log.csv").read_text().splitlines()
     assert len(log) == 4 and log[0].startswith("step,tokens,train_loss,val_loss")
-    assert full["validation"]["perplexity"] < 150  # below uniform over the vocabulary
+    # Validation perplexity falls as training goes on.
+    first_val_ppl = float(log[1].split(",")[4])
+    assert full["validation"]["perplexity"] < first_val_ppl
 
 
 def test_standard_baseline_and_cli(tmp_path, corpus):
