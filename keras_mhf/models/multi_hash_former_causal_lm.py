@@ -327,6 +327,17 @@ class MultiHashFormerCausalLM(CausalLM):
         targets = ops.cast(target_ids, "int32")[..., None]
         return -ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
 
+    def export(self, filepath, format="tf_saved_model", verbose=None, **kwargs):
+        """Exports a TF SavedModel with `serve` (next-token log-probs `[b, V]`
+        after the last real position) and `generate` (greedy) endpoints on
+        token ids; works from the TensorFlow, JAX and PyTorch backends. See
+        `keras_mhf.export`. Other formats go to `keras.Model.export`."""
+        if format != "tf_saved_model" or kwargs:
+            return super().export(filepath, format=format, verbose=verbose, **kwargs)
+        from keras_mhf.export import export_causal_lm
+
+        return export_causal_lm(self, filepath, verbose=bool(verbose))
+
     # --- Vocabulary ---------------------------------------------------------
 
     def check_tokenizer(self, force=False):
