@@ -113,12 +113,12 @@ class MultiHashFormerCausalLM(CausalLM):
             vocabulary,
             config["num_hashes"],
             config["num_buckets"],
-            pad_token_id=tokenizer.pad_token_id,
+            pad_token_id=tokenizer.signature_pad_token_id,
             rule=signature_rule,
         )
         backbone = MultiHashFormerBackbone(
             vocabulary_size=len(vocabulary),
-            pad_token_id=tokenizer.pad_token_id,
+            pad_token_id=tokenizer.signature_pad_token_id,
             signature_rule=signature_rule,
             signatures=table,
             dtype=dtype,
@@ -364,7 +364,7 @@ class MultiHashFormerCausalLM(CausalLM):
                 vocabulary,
                 backbone.num_hashes,
                 backbone.num_buckets,
-                tokenizer.pad_token_id,
+                backbone.pad_token_id,
                 backbone.signature_rule,
             ).signatures
         except ValueError as error:

@@ -12,7 +12,15 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
     pad: the pad token is `</s>`, id 2, as in the authors' code) and with any
     SentencePiece model, e.g. one trained with
     `keras_hub.tokenizers.compute_sentence_piece_proto`. Special tokens:
-    `<s>` (start), `</s>` (end) and `<pad>` if the model has one, else `</s>`.
+    `<s>` (start) and `</s>` (end).
+
+    Two pad notions are kept apart. `signature_pad_token_id` is the token whose
+    signature is all zeros: `<pad>` if the model has one, else `</s>`, as the
+    authors' code sets `pad = eos`. `pad_token_id` is what the preprocessor
+    fills unused positions with (they are masked): `<pad>` if present, else
+    `<unk>` (id 0), like KerasHub's Mistral tokenizer, because KerasHub's
+    `generate` stops at end tokens found after the prompt, so padding with
+    `</s>` would end generation before it starts.
     `get_vocabulary()` returns the piece strings exactly as the model holds
     them (with `▁`), which is what the signature table hashes.
 
@@ -36,12 +44,15 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
     def __init__(self, proto=None, **kwargs):
         self._add_special_token("<s>", "start_token")
         self._add_special_token("</s>", "end_token")
-        self.pad_token = None
         self.pad_token_id = None
+        self.signature_pad_token_id = None
         super().__init__(proto=proto, **kwargs)
 
     def _update_special_token_ids(self):
         super()._update_special_token_ids()
         vocabulary = self._token_to_id_map
-        self.pad_token = "<pad>" if "<pad>" in vocabulary else self.end_token
-        self.pad_token_id = vocabulary[self.pad_token]
+        if "<pad>" in vocabulary:
+            self.pad_token_id = self.signature_pad_token_id = vocabulary["<pad>"]
+        else:
+            self.pad_token_id = self._unk_token_id if self._unk_token_id >= 0 else 0
+            self.signature_pad_token_id = self.end_token_id
