@@ -137,6 +137,8 @@ def pretrain(
     max_tokens=None,
     mixed_precision=False,
     seed=0,
+    distribution=None,
+    mesh=None,
     stop_after_chunks=None,
     verbose=1,
 ):
@@ -168,6 +170,10 @@ def pretrain(
         max_tokens: cap on training tokens read.
         mixed_precision: train under `mixed_bfloat16`.
         seed: seeds the weights and the data order.
+        distribution: `None`, `"data"` or `"model"`: train over all devices
+            with `keras.distribution` (JAX backend only; other backends are
+            refused with a clear error instead of silently using one device).
+        mesh: `(batch, model)` sizes or `"2x4"` for the distribution.
         stop_after_chunks: stop (as if killed) after this many chunks of
             this call; for testing resumption.
         verbose: Keras progress bar verbosity.
@@ -177,6 +183,13 @@ def pretrain(
     """
     from keras_mhf.models import MultiHashFormerTokenizer
 
+    if distribution is not None:
+        from keras_mhf.distribution import check_batch_size
+        from keras_mhf.distribution import make_distribution
+
+        strategy = make_distribution(distribution, mesh)
+        check_batch_size(batch_size, strategy)
+        keras.distribution.set_distribution(strategy)
     os.makedirs(output_dir, exist_ok=True)
     if mixed_precision:
         keras.config.set_dtype_policy("mixed_bfloat16")

@@ -53,6 +53,10 @@ def parse_args(argv=None):
     p.add_argument("--max-tokens", type=int, default=None, help="cap on training tokens")
     p.add_argument("--mixed-precision", action="store_true", help="train in mixed_bfloat16")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--distribution", choices=["data", "model"], default=None,
+                   help="train over all devices (JAX backend only)")
+    p.add_argument("--mesh", default=None,
+                   help="(batch)x(model) device mesh, e.g. 2x4 (required for --distribution model)")
     return p.parse_args(argv)
 
 
@@ -72,6 +76,7 @@ def main(argv=None):
         validation_blocks=args.validation_blocks,
         checkpoint_every=args.checkpoint_every, max_tokens=args.max_tokens,
         mixed_precision=args.mixed_precision, seed=args.seed,
+        distribution=args.distribution, mesh=args.mesh,
     )
     summary.pop("model_object")
     print(json.dumps(summary, indent=2))

@@ -183,6 +183,67 @@ class MultiHashFormerBackbone(Backbone):
             tokens,
         )
 
+    @staticmethod
+    def get_layout_map(
+        device_mesh,
+        model_parallel_dim_name="model",
+        data_parallel_dim_name="batch",
+    ):
+        """A `keras.distribution.LayoutMap` for model parallelism.
+
+        Like KerasHub's Llama/Gemma layout maps: the bucket tables are
+        sharded over buckets on the model axis (`[H, B, d]` ->
+        `(None, model, data)`), the encoder's gate and output kernels, the
+        attention and MLP kernels and the cascade mixers (which live on
+        `MultiHashFormerCausalLM`) are split between the two axes, and the
+        int signature table, norms and biases are replicated. `B` must be
+        divisible by the model axis size.
+
+        Args:
+            device_mesh: a `keras.distribution.DeviceMesh`.
+            model_parallel_dim_name: the mesh axis that shards weights.
+            data_parallel_dim_name: the mesh axis that shards the batch.
+
+        Example:
+
+        ```python
+        mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"),
+                                             keras.distribution.list_devices())
+        layout_map = MultiHashFormerBackbone.get_layout_map(mesh)
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(
+            layout_map=layout_map, batch_dim_name="batch"))
+        ```
+        """
+        for name in (model_parallel_dim_name, data_parallel_dim_name):
+            if name not in device_mesh.axis_names:
+                raise ValueError(
+                    f"{name!r} is not an axis of the device mesh "
+                    f"{device_mesh.axis_names}."
+                )
+        model, data = model_parallel_dim_name, data_parallel_dim_name
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        # Sec. 3.1 / 3.3: the tied bucket tables, sharded over buckets.
+        layout_map[".*hash_encoder/embeddings"] = (None, model, data)
+        layout_map[".*hash_encoder/gate_dense/kernel"] = (data, model)
+        layout_map[".*hash_encoder/score_dense/kernel"] = (model, None)
+        layout_map[".*hash_encoder/output_dense/kernel"] = (data, model)
+        layout_map[".*mixer_\\d+_down_dense/kernel"] = (data, model)
+        layout_map[".*mixer_\\d+_up_dense/kernel"] = (model, data)
+        # Sec. 3.2: the Qwen3 blocks, as KerasHub shards Llama's.
+        layout_map[".*transformer_layer.*self_attention.*(query|key|value).kernel"] = (
+            model,
+            data,
+            None,
+        )
+        layout_map[".*transformer_layer.*attention_output.kernel"] = (model, None, data)
+        layout_map[".*transformer_layer.*feedforward_intermediate_dense.kernel"] = (
+            data,
+            model,
+        )
+        layout_map[".*transformer_layer.*feedforward_gate_dense.kernel"] = (data, model)
+        layout_map[".*transformer_layer.*feedforward_output_dense.kernel"] = (model, data)
+        return layout_map
+
     @classmethod
     def from_config(cls, config):
         config = dict(config)
