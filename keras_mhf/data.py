@@ -14,7 +14,17 @@ import numpy as np
 
 
 def read_documents(path, limit=None):
-    """Yields document strings from a file or a directory of `.txt`/`.jsonl`."""
+    """Yields document strings from a file, a directory of `.txt`/`.jsonl`,
+    or a list of such paths."""
+    if isinstance(path, (list, tuple)):
+        count = 0
+        for item in path:
+            for doc in read_documents(item):
+                yield doc
+                count += 1
+                if limit and count >= limit:
+                    return
+        return
     paths = []
     if os.path.isdir(path):
         for root, _, names in sorted(os.walk(path)):

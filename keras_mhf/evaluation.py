@@ -135,6 +135,25 @@ def read_jsonl(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def write_last_word_file(documents, path, count=100, max_words=60):
+    """Writes LAMBADA-format JSONL from held-out documents: each passage is a
+    document's first `max_words` words, and its last word is the target
+    (passages whose last word is not alphabetic are skipped)."""
+    import json
+
+    written = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for doc in documents:
+            words = doc.split()[:max_words]
+            if len(words) < 8 or not words[-1].isalpha():
+                continue
+            f.write(json.dumps({"text": " ".join(words)}) + "\n")
+            written += 1
+            if written == count:
+                break
+    return path
+
+
 def lambada(model, tokenizer, path, batch_size=8, limit=None):
     """LAMBADA in OpenAI's `lambada_test.jsonl` format (`{"text": ...}`).
 

@@ -77,13 +77,15 @@ def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):
     return optimizer
 
 
-def build_model(kind, tokenizer, architecture, sequence_length, extra_layers=0):
+def build_model(kind, tokenizer, architecture, sequence_length, extra_layers=0,
+                signature_rule="unique"):
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models import standard_causal_lm
 
     if kind == "mhf":
         return MultiHashFormerCausalLM.from_tokenizer(
-            tokenizer, architecture, sequence_length=sequence_length
+            tokenizer, architecture, sequence_length=sequence_length,
+            signature_rule=signature_rule,
         )
     if kind == "standard":
         return standard_causal_lm(
@@ -124,6 +126,7 @@ def pretrain(
     model="mhf",
     architecture="mini_h4b1024",
     extra_layers=0,
+    signature_rule="unique",
     sequence_length=128,
     batch_size=8,
     steps=300,
@@ -145,7 +148,7 @@ def pretrain(
     """Trains a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
     Args:
-        data: a `.txt`/`.jsonl` file or a directory of them.
+        data: a `.txt`/`.jsonl` file, a directory of them, or a list.
         output_dir: where the tokenizer, checkpoints, `log.csv`, `loss.png`,
             `summary.json` and the final preset (`preset/`) go.
         tokenizer: path to a SentencePiece `.model`; if `None`, one with
@@ -155,6 +158,8 @@ def pretrain(
         model: `"mhf"` or `"standard"`.
         architecture: e.g. `"mini_h4b1024"` (see `architecture_names()`).
         extra_layers: Standard+kL.
+        signature_rule: MHF signature rule (`"unique"`, `"reference"`, or
+            `"repeated"` for the single-ID ablation).
         sequence_length: tokens per packed training sequence.
         batch_size: sequences per step.
         steps: optimizer steps.
@@ -223,7 +228,8 @@ def pretrain(
     )[:validation_blocks]
 
     keras.utils.set_random_seed(seed)
-    lm = build_model(model, tokenizer, architecture, sequence_length, extra_layers)
+    lm = build_model(model, tokenizer, architecture, sequence_length, extra_layers,
+                     signature_rule)
     optimizer = make_optimizer(learning_rate, steps, warmup_steps, weight_decay)
     lm.compile(optimizer=optimizer, loss=lm.loss if model == "standard" else "auto")
 

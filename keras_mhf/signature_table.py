@@ -9,7 +9,7 @@ import hashlib
 import mmh3
 import numpy as np
 
-RULES = ("unique", "reference")
+RULES = ("unique", "reference", "repeated")
 
 
 class SignatureTable:
@@ -31,6 +31,9 @@ class SignatureTable:
       `(H-1)`-prefix and compares against it alone, so duplicates can slip
       through. Use it to reproduce their tables bit for bit (e.g. their
       single-hash ablations).
+    - `"repeated"`: the single-hash table of the authors' rule (`H = 1`),
+      repeated in every one of the `H` heads: the paper's single-ID ablation
+      (Table 3) at the parameter budget of an `H`-head model.
 
     Build tables with `SignatureTable.from_tokens`; the constructor wraps an
     existing `[V, H]` array (for instance one read from a checkpoint).
@@ -153,6 +156,8 @@ class SignatureTable:
         return expanded._append(new_tokens)
 
     def _append(self, new_tokens):
+        if self.rule == "repeated":
+            return self._append_repeated(new_tokens)
         num_hashes = self.num_hashes
         num_buckets = self.num_buckets
         real = num_buckets - 1
@@ -206,6 +211,18 @@ class SignatureTable:
             out[k, last] = bucket
         self.signatures = np.concatenate([self.signatures, out.astype("int32")], 0)
         self.tokens = list(self.tokens) + list(new_tokens)
+        return self
+
+    def _append_repeated(self, new_tokens):
+        single = SignatureTable.__new__(SignatureTable)
+        single.signatures = self.signatures[:, :1]
+        single.num_buckets = self.num_buckets
+        single.pad_token_id = self.pad_token_id
+        single.rule = "reference"
+        single.tokens = self.tokens
+        single._append(new_tokens)
+        self.signatures = np.tile(single.signatures, (1, self.num_hashes))
+        self.tokens = single.tokens
         return self
 
     def _remember(self, state, prefix, bucket, is_pad):

@@ -159,3 +159,12 @@ def test_256k_vocabulary_is_fast():
     elapsed = time.time() - start
     assert table.signatures.shape == (256_000, 4)
     assert elapsed < 5, f"building took {elapsed:.2f}s"
+
+
+def test_repeated_rule_is_the_single_hash_table_in_every_head():
+    tokens = [f"w{i}" for i in range(60)]
+    single = SignatureTable.from_tokens(tokens, 1, 16, pad_token_id=2, rule="reference")
+    repeated = SignatureTable.from_tokens(tokens, 4, 16, pad_token_id=2, rule="repeated")
+    np.testing.assert_array_equal(repeated.signatures, np.tile(single.signatures, (1, 4)))
+    grown = SignatureTable.from_tokens(tokens[:40], 4, 16, pad_token_id=2, rule="repeated")
+    np.testing.assert_array_equal(grown.expand(tokens[40:]).signatures, repeated.signatures)

@@ -27,21 +27,6 @@ def python_documentation(path):
     return path
 
 
-def lambada_style_file(documents, path, count=40):
-    """Held-out passages whose last word is the target (LAMBADA format)."""
-    lines = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for doc in documents:
-            words = " ".join(doc.split()[:60]).split(" ")
-            if len(words) < 8 or not words[-1].isalpha():
-                continue
-            f.write(json.dumps({"text": " ".join(words)}) + "\n")
-            lines += 1
-            if lines == count:
-                break
-    return path
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -61,6 +46,7 @@ def main(argv=None):
     import keras
 
     from keras_mhf.data import read_documents
+    from keras_mhf.evaluation import write_last_word_file
     from keras_mhf.pretraining import pretrain
     from recipes.evaluate import evaluate
 
@@ -97,8 +83,8 @@ def main(argv=None):
     held_out_path = os.path.join(args.output, "held_out.txt")
     with open(held_out_path, "w", encoding="utf-8") as f:
         f.write("\n\n".join(held_out))
-    lambada_path = lambada_style_file(
-        held_out, os.path.join(args.output, "held_out_last_word.jsonl"))
+    lambada_path = write_last_word_file(
+        held_out, os.path.join(args.output, "held_out_last_word.jsonl"), count=40)
     results = {}
     for name in runs:
         results[name] = evaluate(
