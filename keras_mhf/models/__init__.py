@@ -10,4 +10,5 @@ from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.multi_hash_former_tokenizer import MultiHashFormerTokenizer
+from keras_mhf.models.standard_causal_lm import standard_backbone
 from keras_mhf.models.standard_causal_lm import standard_causal_lm

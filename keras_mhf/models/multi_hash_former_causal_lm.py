@@ -100,6 +100,34 @@ class MultiHashFormerCausalLM(CausalLM):
             **backbone_kwargs: overrides of any backbone argument (e.g.
                 `num_layers=3`, `num_buckets=2048`).
         """
+        model = cls.from_tokens(
+            tokenizer.get_vocabulary(),
+            architecture,
+            pad_token_id=tokenizer.signature_pad_token_id,
+            signature_rule=signature_rule,
+            dtype=dtype,
+            **backbone_kwargs,
+        )
+        model.preprocessor = MultiHashFormerCausalLMPreprocessor(
+            tokenizer, sequence_length=sequence_length
+        )
+        model._tokenizer_checked = True
+        return model
+
+    @classmethod
+    def from_tokens(
+        cls,
+        tokens,
+        architecture="tiny_h4b1024",
+        pad_token_id=None,
+        signature_rule="unique",
+        dtype=None,
+        **backbone_kwargs,
+    ):
+        """Builds a new model without a preprocessor from token strings
+        (token id = position), e.g. for benchmarks on synthetic vocabularies.
+        Arguments as `from_tokenizer`; `pad_token_id` gets the all-zero
+        signature."""
         trunk, hashes = parse_architecture(architecture)
         if hashes is None:
             raise ValueError(
@@ -108,28 +136,22 @@ class MultiHashFormerCausalLM(CausalLM):
                 "configuration such as '_h4b16k'."
             )
         config = {**trunk, **hashes, **backbone_kwargs}
-        vocabulary = tokenizer.get_vocabulary()
         table = SignatureTable.from_tokens(
-            vocabulary,
+            tokens,
             config["num_hashes"],
             config["num_buckets"],
-            pad_token_id=tokenizer.signature_pad_token_id,
+            pad_token_id=pad_token_id,
             rule=signature_rule,
         )
         backbone = MultiHashFormerBackbone(
-            vocabulary_size=len(vocabulary),
-            pad_token_id=tokenizer.signature_pad_token_id,
+            vocabulary_size=len(tokens),
+            pad_token_id=pad_token_id,
             signature_rule=signature_rule,
             signatures=table,
             dtype=dtype,
             **config,
         )
-        preprocessor = MultiHashFormerCausalLMPreprocessor(
-            tokenizer, sequence_length=sequence_length
-        )
-        model = cls(backbone=backbone, preprocessor=preprocessor)
-        model._tokenizer_checked = True
-        return model
+        return cls(backbone=backbone, preprocessor=None)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):

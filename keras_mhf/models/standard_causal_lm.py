@@ -13,6 +13,32 @@ from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
 )
 
 
+def standard_backbone(
+    vocabulary_size, architecture="tiny", extra_layers=0, dtype=None, **backbone_kwargs
+):
+    """The Standard baseline's `Qwen3Backbone` (see `standard_causal_lm`),
+    for a vocabulary size without a tokenizer (e.g. benchmarks)."""
+    trunk, _ = parse_architecture(architecture)
+    trunk["num_layers"] += int(extra_layers)
+    trunk.update(backbone_kwargs)
+    epsilon = trunk.pop("layer_norm_epsilon", 1e-6)
+    backbone = Qwen3Backbone(
+        vocabulary_size=vocabulary_size,
+        rope_max_wavelength=trunk.pop("rope_max_wavelength", 1_000_000),
+        layer_norm_epsilon=epsilon,
+        tie_word_embeddings=True,
+        sliding_window_size=None,
+        dtype=dtype,
+        **trunk,
+    )
+    # The authors initialise the embedding N(0, 0.02) (KerasHub uses 0.01).
+    embeddings = backbone.token_embedding.embeddings
+    embeddings.assign(
+        keras.initializers.RandomNormal(stddev=0.02)(embeddings.shape, embeddings.dtype)
+    )
+    return backbone
+
+
 def standard_causal_lm(
     tokenizer,
     architecture="tiny",
@@ -48,23 +74,8 @@ def standard_causal_lm(
     standard = keras_mhf.models.standard_causal_lm(tokenizer, "tiny", extra_layers=1)
     ```
     """
-    trunk, _ = parse_architecture(architecture)
-    trunk["num_layers"] += int(extra_layers)
-    trunk.update(backbone_kwargs)
-    epsilon = trunk.pop("layer_norm_epsilon", 1e-6)
-    backbone = Qwen3Backbone(
-        vocabulary_size=tokenizer.vocabulary_size(),
-        rope_max_wavelength=trunk.pop("rope_max_wavelength", 1_000_000),
-        layer_norm_epsilon=epsilon,
-        tie_word_embeddings=True,
-        sliding_window_size=None,
-        dtype=dtype,
-        **trunk,
-    )
-    # The authors initialise the embedding N(0, 0.02) (KerasHub uses 0.01).
-    embeddings = backbone.token_embedding.embeddings
-    embeddings.assign(
-        keras.initializers.RandomNormal(stddev=0.02)(embeddings.shape, embeddings.dtype)
+    backbone = standard_backbone(
+        tokenizer.vocabulary_size(), architecture, extra_layers, dtype, **backbone_kwargs
     )
     preprocessor = MultiHashFormerCausalLMPreprocessor(
         tokenizer, sequence_length=sequence_length

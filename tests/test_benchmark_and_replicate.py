@@ -1,0 +1,51 @@
+"""Seconds-long smoke runs of the benchmark and the replication recipe, so
+neither tool can rot (their real runs are documented in the README)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import pytest
+
+from tests.conftest import MISTRAL_MODEL
+from tests.conftest import REPO
+
+
+def test_benchmark_smoke(tmp_path):
+    backend = keras.config.backend()
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "benchmark.py"), "--smoke", "--backends", backend,
+         "--output", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    configs = {r["config"] for r in report["results"]}
+    assert configs == {"standard", "h3b64"}
+    for r in report["results"]:
+        assert r["train_tokens_per_s"] > 0 and 0 < r["mfu"] < 1.5
+        assert r["generate_ms_per_token_b1"] > 0 and r["score_tokens_per_s"] > 0
+    assert "MHF/Std tok/s" in done.stdout
+
+
+def test_replicate_smoke(tmp_path, openstax_dir):
+    if not MISTRAL_MODEL.exists():
+        pytest.skip("the Mistral tokenizer is not in the shared data")
+    env = dict(os.environ)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "recipes" / "replicate.py"), "--smoke",
+         "--data", str(openstax_dir), "--tokenizer", str(MISTRAL_MODEL),
+         "--output", str(tmp_path / "rep"), "--models", "standard", "mhf_h4", "single_id"],
+        capture_output=True, text=True, timeout=900, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (tmp_path / "rep" / "results.md").read_text()
+    for name in ("standard", "mhf_h4b256", "single_id_h1x4b256"):
+        assert f"| {name} |" in table
+    assert (tmp_path / "rep" / "val_loss.png").exists()
+    runs = json.loads((tmp_path / "rep" / "results.json").read_text())["runs"]
+    single = next(r for r in runs if r["model"].startswith("single_id"))
+    assert single["signature_rule"] == "repeated"

@@ -1,0 +1,286 @@
+"""MultiHashFormer vs the Standard baseline (KerasHub Qwen3), measured side
+by side in one run: training throughput, peak training memory, generation
+latency per token with the KV cache, scoring throughput, analytic FLOPs per
+token, model-FLOPs utilisation and MHF/Standard ratios.
+
+    python tools/benchmark.py                              # jax; V = 32K, 128K, 256K
+    python tools/benchmark.py --backends jax tensorflow torch --vocab 32768
+    python tools/benchmark.py --hidden-dim 256 --num-layers 8
+    python tools/benchmark.py --smoke                      # seconds; CI runs this
+
+Every (backend, vocabulary, model) is measured in its own subprocess, so peak
+memory (peak RSS growth over the process after imports) is per model. Model
+FLOPs utilisation = achieved training FLOP/s / the peak FLOP/s of a compiled
+2048x2048 float32 matmul on the same backend in the same run. Vocabularies
+beyond the tokenizer's use synthetic token strings (`tok0`, `tok1`, ...).
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CONFIGS = {"standard": None, "h3b10624": (3, 10624), "h4b16384": (4, 16384)}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--backends", nargs="+", default=["jax"])
+    p.add_argument("--vocab", nargs="+", type=int, default=[32768, 131072, 262144])
+    p.add_argument("--configs", nargs="+", default=list(CONFIGS),
+                   help="standard and/or h<H>b<B> hash configurations")
+    p.add_argument("--hidden-dim", type=int, default=512)
+    p.add_argument("--num-layers", type=int, default=4)
+    p.add_argument("--sequence-length", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10, help="timed training steps (median)")
+    p.add_argument("--new-tokens", type=int, default=32, help="generated tokens timed")
+    p.add_argument("--output", default="benchmark.json")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the tool runs")
+    p.add_argument("--worker", nargs=3, metavar=("BACKEND", "VOCAB", "CONFIG"),
+                   help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def trunk_kwargs(args):
+    d = args.hidden_dim
+    heads = max(1, d // 64)
+    return dict(num_layers=args.num_layers, hidden_dim=d, num_query_heads=heads,
+                num_key_value_heads=max(1, heads // 4), head_dim=d // heads,
+                intermediate_dim=3 * d)
+
+
+def flops_per_token(config, vocabulary_size, args):
+    """Analytic training FLOPs per token (6 x multiply-adds of the forward)."""
+    t = trunk_kwargs(args)
+    d, L, s = t["hidden_dim"], t["num_layers"], args.sequence_length
+    q, kv, hd, ff = t["num_query_heads"], t["num_key_value_heads"], t["head_dim"], t["intermediate_dim"]
+    trunk = L * (d * hd * (2 * q + 2 * kv) + 3 * d * ff)
+    attention = L * 2 * q * hd * s  # QK^T and AV, causal average over positions
+    if config == "standard":
+        head = vocabulary_size * d
+    else:
+        h, b = parse_config(config)
+        # H bucket logits + H-1 soft retrievals, the H-1 mixers and the gate.
+        head = (2 * h - 1) * b * d + (h - 1) * 3 * 64 * d + h * d * 64 + d * d
+    return 6 * (trunk + attention + head)
+
+
+def parse_config(config):
+    h, b = config[1:].split("b")
+    return int(h), int(b)
+
+
+def build(config, vocabulary_size, args):
+    import keras
+
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models import standard_backbone
+
+    keras.utils.set_random_seed(0)
+    t = trunk_kwargs(args)
+    if config == "standard":
+        from keras_hub.models import Qwen3CausalLM
+
+        backbone = standard_backbone(vocabulary_size, "tiny", **t)
+        model = Qwen3CausalLM(backbone=backbone, preprocessor=None)
+        loss = keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction="mean_with_sample_weight")
+    else:
+        h, b = parse_config(config)
+        tokens = ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(vocabulary_size - 3)]
+        model = MultiHashFormerCausalLM.from_tokens(
+            tokens, f"tiny_h{h}b{b}", pad_token_id=2, **t)
+        loss = "auto"
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss, sampler="greedy")
+    return model
+
+
+def rss_mb():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(backend, vocabulary_size, config, args):
+    """Measures one model; prints one JSON line."""
+    import keras
+
+    baseline = current_rss_mb()
+    rng = np.random.default_rng(0)
+    b, s = args.batch_size, args.sequence_length
+    ids = rng.integers(3, vocabulary_size, size=(b, s + 1)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((b, s), "int32")}
+    y, sw = ids[:, 1:], np.ones((b, s), "float32")
+    model = build(config, vocabulary_size, args)
+    for _ in range(2):  # compile and warm up
+        model.train_on_batch(x, y, sample_weight=sw)
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        model.train_on_batch(x, y, sample_weight=sw)
+        times.append(time.perf_counter() - start)
+    peak = rss_mb() - baseline
+    step = float(np.median(times))
+    result = {
+        "backend": backend, "vocabulary_size": vocabulary_size, "config": config,
+        "train_step_s": step, "train_step_min_s": float(min(times)),
+        "train_step_max_s": float(max(times)),
+        "train_tokens_per_s": b * s / step,
+        "peak_train_memory_mb": peak,
+        "flops_per_token": flops_per_token(config, vocabulary_size, args),
+        "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
+    }
+    result["achieved_flops"] = result["flops_per_token"] * result["train_tokens_per_s"]
+
+    # Generation latency per new token, with the KV cache, batch 1 and 8.
+    prompt_length = 16
+    for batch in (1, 8):
+        total = prompt_length + args.new_tokens
+        prompt = {"token_ids": np.zeros((batch, total), "int32"),
+                  "padding_mask": np.zeros((batch, total), bool)}
+        prompt["token_ids"][:, :prompt_length] = ids[0, :prompt_length]
+        prompt["padding_mask"][:, :prompt_length] = True
+        model.generate(prompt, stop_token_ids=None)  # compile
+        start = time.perf_counter()
+        model.generate(prompt, stop_token_ids=None)
+        result[f"generate_ms_per_token_b{batch}"] = (
+            1000 * (time.perf_counter() - start) / args.new_tokens)
+
+    # Scoring throughput (token log-probs over the whole vocabulary).
+    model.score(x["token_ids"], x["padding_mask"])
+    start = time.perf_counter()
+    np.asarray(keras.ops.convert_to_numpy(model.score(x["token_ids"], x["padding_mask"])))
+    result["score_tokens_per_s"] = b * s / (time.perf_counter() - start)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def peak_matmul(backend, size=2048, repeats=20):
+    """FLOP/s of a compiled float32 matmul on this backend."""
+    a = np.random.default_rng(0).normal(size=(size, size)).astype("float32")
+    if backend == "jax":
+        import jax
+
+        f = jax.jit(lambda x: x @ x)
+        x = jax.numpy.asarray(a)
+        f(x).block_until_ready()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            f(x).block_until_ready()
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        f = tf.function(lambda x: tf.matmul(x, x), jit_compile=True)
+        x = tf.constant(a)
+        f(x).numpy()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            f(x).numpy()
+    else:
+        import torch
+
+        x = torch.from_numpy(a)
+        torch.matmul(x, x)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.matmul(x, x)
+    return 2 * size**3 * repeats / (time.perf_counter() - start)
+
+
+def run(args):
+    results, peaks = [], {}
+    me = os.path.abspath(__file__)
+    passthrough = ["--hidden-dim", str(args.hidden_dim), "--num-layers", str(args.num_layers),
+                   "--sequence-length", str(args.sequence_length),
+                   "--batch-size", str(args.batch_size), "--steps", str(args.steps),
+                   "--new-tokens", str(args.new_tokens)]
+    for backend in args.backends:
+        env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT)
+        done = subprocess.run([sys.executable, me, "--worker", backend, "0", "matmul"],
+                              env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr[-3000:])
+        peaks[backend] = json.loads(done.stdout.split("RESULT ")[-1])["peak_flops"]
+        for vocabulary_size in args.vocab:
+            for config in args.configs:
+                started = time.time()
+                done = subprocess.run(
+                    [sys.executable, me, "--worker", backend, str(vocabulary_size), config]
+                    + passthrough, env=env, capture_output=True, text=True)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{backend} V={vocabulary_size} {config}:\n"
+                                       + done.stderr[-3000:])
+                result = json.loads(done.stdout.split("RESULT ")[-1])
+                result["mfu"] = result["achieved_flops"] / peaks[backend]
+                result["peak_matmul_flops"] = peaks[backend]
+                results.append(result)
+                print(f"  {backend:<10} V={vocabulary_size:<7} {config:<9} "
+                      f"{result['train_tokens_per_s']:>9.0f} tok/s  MFU {result['mfu']:.2f}  "
+                      f"({time.time() - started:.0f} s)", flush=True)
+    return results, peaks
+
+
+def table(results, peaks):
+    lines = ["| backend | V | model | train tok/s (min-max step s) | MFU | peak train MB | "
+             "gen ms/token b1 / b8 | score tok/s | GFLOP/token | MHF/Std tok/s | "
+             "MHF/Std MFU | MHF/Std memory | MHF/Std gen b1 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        std = next((s for s in results if s["backend"] == r["backend"]
+                    and s["vocabulary_size"] == r["vocabulary_size"]
+                    and s["config"] == "standard"), None)
+        ratios = ["", "", "", ""]
+        if std is not None and r["config"] != "standard":
+            ratios = [f"{r['train_tokens_per_s'] / std['train_tokens_per_s']:.2f}",
+                      f"{r['mfu'] / std['mfu']:.2f}",
+                      f"{r['peak_train_memory_mb'] / max(std['peak_train_memory_mb'], 1e-9):.2f}",
+                      f"{r['generate_ms_per_token_b1'] / std['generate_ms_per_token_b1']:.2f}"]
+        lines.append(
+            f"| {r['backend']} | {r['vocabulary_size']:,} | {r['config']} | "
+            f"{r['train_tokens_per_s']:,.0f} ({r['train_step_min_s']:.2f}-{r['train_step_max_s']:.2f}) | "
+            f"{r['mfu']:.2f} | {r['peak_train_memory_mb']:,.0f} | "
+            f"{r['generate_ms_per_token_b1']:.1f} / {r['generate_ms_per_token_b8']:.1f} | "
+            f"{r['score_tokens_per_s']:,.0f} | {r['flops_per_token'] / 1e9:.3f} | "
+            + " | ".join(ratios) + " |")
+    peak_line = ", ".join(f"{b}: {p / 1e9:.0f} GFLOP/s" for b, p in peaks.items())
+    return "\n".join(lines) + f"\n\nPeak 2048x2048 float32 matmul: {peak_line}.\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.smoke:
+        args.vocab, args.configs = [512], ["standard", "h3b64"]
+        args.hidden_dim, args.num_layers, args.sequence_length = 64, 2, 16
+        args.batch_size, args.steps, args.new_tokens = 2, 2, 4
+    if args.worker:
+        backend, vocabulary_size, config = args.worker
+        if config == "matmul":
+            print("RESULT " + json.dumps({"peak_flops": peak_matmul(backend)}))
+        else:
+            worker(backend, int(vocabulary_size), config, args)
+        return
+    started = time.time()
+    results, peaks = run(args)
+    report = table(results, peaks)
+    print("\n" + report)
+    with open(args.output, "w") as f:
+        json.dump({"settings": {k: v for k, v in vars(args).items() if k != "worker"},
+                   "peak_matmul_flops": peaks, "results": results,
+                   "seconds": time.time() - started}, f, indent=2)
+    print(f"Wrote {args.output} ({time.time() - started:.0f} s).")
+
+
+if __name__ == "__main__":
+    main()
