@@ -70,6 +70,17 @@ def _encode(tokenizer, text):
     return [int(t) for t in np.asarray(ops.convert_to_numpy(tokenizer(text))).reshape(-1)]
 
 
+def _pad_batch(seqs):
+    """Right-pads token lists: `(ids [n, max_len], mask [n, max_len])`."""
+    length = max(len(s) for s in seqs)
+    ids = np.zeros((len(seqs), length), "int32")
+    mask = np.zeros((len(seqs), length), "int32")
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return ids, mask
+
+
 def _decode(tokenizer, ids):
     text = tokenizer.detokenize(np.asarray(ids, "int32"))
     if not isinstance(text, str):
@@ -109,13 +120,7 @@ def loglikelihoods(model, tokenizer, requests, batch_size=8):
     order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]) - len(encoded[i][1]))
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
-        seqs = [encoded[i][0] + encoded[i][1] for i in batch]
-        length = max(len(s) for s in seqs)
-        ids = np.zeros((len(seqs), length), "int32")
-        mask = np.zeros((len(seqs), length), "int32")
-        for row, seq in enumerate(seqs):
-            ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
+        ids, mask = _pad_batch([encoded[i][0] + encoded[i][1] for i in batch])
         scores = np.asarray(ops.convert_to_numpy(model.score(ids, mask)), "float32")
         log_probs = _log_softmax(scores)
         for row, i in enumerate(batch):
@@ -219,13 +224,8 @@ def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
     target_block = backbone.num_layers - 2
     finals, penultimates = [], []
     for start in range(0, len(texts), batch_size):
-        seqs = [[tokenizer.start_token_id] + _encode(tokenizer, t) for t in texts[start : start + batch_size]]
-        length = max(len(s) for s in seqs)
-        ids = np.zeros((len(seqs), length), "int32")
-        mask = np.zeros((len(seqs), length), "int32")
-        for row, seq in enumerate(seqs):
-            ids[row, : len(seq)] = seq
-            mask[row, : len(seq)] = 1
+        ids, mask = _pad_batch([[tokenizer.start_token_id] + _encode(tokenizer, t)
+                                for t in texts[start : start + batch_size]])
         captured = {}
 
         def intercept(x, i):
@@ -238,7 +238,7 @@ def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
         final = np.asarray(ops.convert_to_numpy(
             backbone({"token_ids": ids, "padding_mask": mask})), "float32")
         last = mask.sum(1) - 1
-        rows = np.arange(len(seqs))
+        rows = np.arange(len(ids))
         finals.append(final[rows, last])
         if target_block >= 0:
             h = np.asarray(ops.convert_to_numpy(captured["h"]), "float32")
@@ -333,13 +333,8 @@ def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
         chars += len(text) if len(ids) < max_length else len(_decode(tokenizer, ids[1:]))
     nll, tokens = 0.0, 0
     for start in range(0, len(seqs), batch_size):
-        batch = seqs[start : start + batch_size]
-        length = max(len(s) for s in batch)
-        ids = np.zeros((len(batch), length), "int32")
-        mask = np.zeros((len(batch), length), "int32")
-        for row, s in enumerate(batch):
-            ids[row, : len(s)], mask[row, : len(s)] = s, 1
-        lls = token_log_likelihoods(model, ids, mask, batch_size=len(batch))
+        ids, mask = _pad_batch(seqs[start : start + batch_size])
+        lls = token_log_likelihoods(model, ids, mask, batch_size=len(ids))
         valid = mask[:, 1:].astype(bool)
         nll -= float(lls[valid].sum())
         tokens += int(valid.sum())
