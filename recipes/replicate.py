@@ -140,8 +140,11 @@ def replicate(data, tokenizer, output, trunk="mini", steps=400, batch_size=8,
     if held_out is None:
         documents = list(read_documents(train))
         held_out = documents[-max(1, len(documents) // 20):]
+    # Derived from the data, so it stays with the runs, not in the report folder.
+    work_dir = work_dir or os.path.join(output, "runs")
+    os.makedirs(work_dir, exist_ok=True)
     last_word_path = evaluation.write_last_word_file(
-        held_out, os.path.join(output, "last_word_passages.jsonl"), count=last_word_passages)
+        held_out, os.path.join(work_dir, "last_word_passages.jsonl"), count=last_word_passages)
 
     runs = []
     for seed in range(seeds):
@@ -150,7 +153,7 @@ def replicate(data, tokenizer, output, trunk="mini", steps=400, batch_size=8,
                 print(f"\n=== seed {seed}: {name} ===", flush=True)
             keras.config.set_dtype_policy("float32")
             started = time.time()
-            run_dir = os.path.join(work_dir or os.path.join(output, "runs"), f"seed{seed}", name)
+            run_dir = os.path.join(work_dir, f"seed{seed}", name)
             summary = pretrain(
                 train, run_dir, tokenizer=tokenizer, model=kind, architecture=architecture,
                 extra_layers=extra_layers, signature_rule=rule,
