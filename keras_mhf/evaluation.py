@@ -142,15 +142,19 @@ def read_jsonl(path):
 
 def write_last_word_file(documents, path, count=100, max_words=60):
     """Writes LAMBADA-format JSONL from held-out documents: each passage is a
-    document's first `max_words` words, and its last word is the target
-    (passages whose last word is not alphabetic are skipped)."""
+    document's first `max_words` words, and its last word, without trailing
+    punctuation, is the target (passages whose last word is not alphabetic
+    are skipped)."""
     import json
 
     written = 0
     with open(path, "w", encoding="utf-8") as f:
         for doc in documents:
             words = doc.split()[:max_words]
-            if len(words) < 8 or not words[-1].isalpha():
+            if len(words) < 8:
+                continue
+            words[-1] = words[-1].rstrip(".,;:!?\"')")
+            if not words[-1].isalpha():
                 continue
             f.write(json.dumps({"text": " ".join(words)}) + "\n")
             written += 1
