@@ -35,7 +35,7 @@ def test_matches_paper_equations():
     out = ops.convert_to_numpy(decoder(hidden, encoder.embeddings))
     assert out.shape == (2, 5, 3, 7)
     expected = cascade_decoder(
-        hidden, ops.convert_to_numpy(encoder.embeddings), mixers_of(decoder)
+        hidden, ops.convert_to_numpy(encoder.stacked_embeddings()), mixers_of(decoder)
     )
     np.testing.assert_allclose(out, expected, atol=1e-4)
 
@@ -59,7 +59,7 @@ def test_gradient_flows_through_soft_cascade():
     rng = np.random.default_rng(3)
     for w in decoder.weights + encoder.weights:
         w.assign(rng.normal(size=w.shape).astype("float32") * 0.5)
-    tables = ops.convert_to_numpy(encoder.embeddings)
+    tables = ops.convert_to_numpy(encoder.stacked_embeddings())
 
     def last_head(tables_value):
         return ops.sum(decoder(hidden, tables_value)[..., 1, :] ** 2)

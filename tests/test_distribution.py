@@ -34,11 +34,11 @@ keras.distribution.set_distribution(dist)
 model = build()
 model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
 specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
-assert specs["hash_encoder/embeddings"] == (None, "model", "batch"), specs["hash_encoder/embeddings"]
+assert specs["hash_encoder/embeddings_0"] == ("model", "batch"), specs["hash_encoder/embeddings_0"]
 assert specs["signature_lookup/signatures"] in ((), (None, None))
 assert specs["transformer_layer_0/self_attention/query/kernel"] == ("model", "batch", None)
 assert specs["hash_decoder/mixer_0_down_dense/kernel"] == ("batch", "model")
-assert len(model.backbone.hash_encoder.embeddings.value.sharding.device_set) == 8
+assert len(model.backbone.hash_encoder.embeddings[-1].value.sharding.device_set) == 8
 model.compile(sampler="greedy")
 prompt = {"token_ids": x["token_ids"][:8], "padding_mask": np.zeros((8, 8), bool)}
 prompt["padding_mask"][:, :3] = True

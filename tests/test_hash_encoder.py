@@ -11,7 +11,7 @@ SIGNATURES = np.array([[[1, 3, 2], [0, 0, 0], [6, 1, 4]]], dtype="int32")
 
 def weights_of(encoder):
     return dict(
-        tables=ops.convert_to_numpy(encoder.embeddings),
+        tables=ops.convert_to_numpy(encoder.stacked_embeddings()),
         w1=ops.convert_to_numpy(encoder.gate_dense.kernel),
         b1=ops.convert_to_numpy(encoder.gate_dense.bias),
         w2=ops.convert_to_numpy(encoder.score_dense.kernel),
@@ -36,9 +36,9 @@ def test_weights_and_shapes():
     encoder = HashEncoder(3, 7, 16, gate_dim=8)
     encoder.build()
     shapes = sorted(tuple(w.shape) for w in encoder.trainable_weights)
-    assert shapes == sorted([(3, 7, 16), (16, 8), (8,), (8, 1), (1,), (16, 16), (16,)])
+    assert shapes == sorted([(7, 16)] * 3 + [(16, 8), (8,), (8, 1), (1,), (16, 16), (16,)])
     # N(0, 0.02) tables, zero biases.
-    assert abs(float(np.std(ops.convert_to_numpy(encoder.embeddings))) - 0.02) < 0.01
+    assert abs(float(np.std(ops.convert_to_numpy(encoder.stacked_embeddings()))) - 0.02) < 0.01
     assert not np.any(ops.convert_to_numpy(encoder.output_dense.bias))
 
 
@@ -58,3 +58,17 @@ def test_serialization_round_trip():
     assert clone.get_config() == config
     restored = keras.layers.deserialize(keras.layers.serialize(encoder))
     assert isinstance(restored, HashEncoder) and restored.gate_dim == 8
+
+
+def test_tables_are_one_draw_split_over_heads():
+    # One variable per head, but the initial values are one [H, B, d] draw.
+    initializer = keras.initializers.RandomNormal(stddev=0.02, seed=3)
+    encoder = HashEncoder(3, 7, 16, embeddings_initializer=initializer)
+    encoder.build()
+    expected = keras.initializers.RandomNormal(stddev=0.02, seed=3)((3, 7, 16))
+    np.testing.assert_array_equal(
+        ops.convert_to_numpy(encoder.stacked_embeddings()), ops.convert_to_numpy(expected)
+    )
+    assert [w.path for w in encoder.embeddings] == [
+        f"{encoder.name}/embeddings_{i}" for i in range(3)
+    ]

@@ -13,7 +13,7 @@ def test_mixed_bfloat16_fit_generate_score(small_tokenizer, corpus):
     for a, b in zip(full.weights, half.weights):
         b.assign(a)
     assert half.backbone.hash_encoder.compute_dtype == "bfloat16"
-    assert keras.backend.standardize_dtype(half.backbone.hash_encoder.embeddings.dtype) == "float32"
+    assert keras.backend.standardize_dtype(half.backbone.hash_encoder.embeddings[0].dtype) == "float32"
     x, y, sw = full.preprocessor(corpus[:4])
 
     # Vocabulary log-probs are float32 under bf16 compute, and close to fp32.

@@ -19,12 +19,16 @@ class CascadeHashDecoder(keras.layers.Layer):
       ("State Update via Cascade Mixer"; no norm between heads).
 
     The layer owns only the `H - 1` mixers; the tables are passed at call
-    time (`embeddings`, `[H, B, d]`, normally `HashEncoder.embeddings`), so
-    gradients from both ends reach the same variable.
+    time (`embeddings`, normally `HashEncoder.embeddings`), so gradients from
+    both ends reach the same variables. Leading axes are flattened to one row
+    axis before the matmuls: XLA then computes the tables' gradients without
+    transposing the `[rows, B]` logit gradients (profiled in
+    `tools/profile.py`).
 
     Call arguments:
         hidden_states: float `[..., d]`.
-        embeddings: float `[H, B, d]`, the tied bucket tables.
+        embeddings: the tied bucket tables: a list of H `[B, d]` tensors or
+            variables, or one `[H, B, d]` tensor.
 
     Returns:
         Bucket logits `[..., H, B]` in the layer's compute dtype.
@@ -88,11 +92,13 @@ class CascadeHashDecoder(keras.layers.Layer):
         self.built = True
 
     def call(self, hidden_states, embeddings):
-        embeddings = ops.cast(embeddings, self.compute_dtype)
-        state = ops.cast(hidden_states, self.compute_dtype)
+        leading_shape = ops.shape(hidden_states)[:-1]
+        state = ops.reshape(
+            ops.cast(hidden_states, self.compute_dtype), (-1, self.hidden_dim)
+        )
         logits = []
         for i in range(self.num_hashes):
-            table = embeddings[i]
+            table = ops.cast(embeddings[i], self.compute_dtype)
             # Sec. 3.3 "Logit Computation": o_i = c_i E(i)^T.
             head_logits = ops.matmul(state, ops.transpose(table))
             logits.append(head_logits)
@@ -104,7 +110,10 @@ class CascadeHashDecoder(keras.layers.Layer):
             # Sec. 3.3 "State Update via Cascade Mixer".
             mixed = self.down_denses[i](ops.concatenate([state, soft], axis=-1))
             state = state + self.up_denses[i](mixed)
-        return ops.stack(logits, axis=-2)
+        logits = ops.stack(logits, axis=-2)
+        return ops.reshape(
+            logits, tuple(leading_shape) + (self.num_hashes, self.num_buckets)
+        )
 
     def compute_output_shape(self, hidden_states_shape, embeddings_shape=None):
         return tuple(hidden_states_shape)[:-1] + (self.num_hashes, self.num_buckets)

@@ -13,9 +13,12 @@ class HashEncoder(keras.layers.Layer):
     `u_i = E(i)[b_i]`; a scorer shared across heads gives
     `a_i = w2 . silu(W1 u_i + b1) + b2`; `alpha = softmax_i(a_i)` (float32);
     the output is `e = Ws (sum_i alpha_i u_i) + bs`. The gate sees only the
-    token's own H vectors. The tables `E(i)` (`embeddings`, shape `[H, B, d]`)
-    are also the output tables of `CascadeHashDecoder` (weight tying, Sec. 3.3);
-    bucket 0 is an ordinary trainable row.
+    token's own H vectors. The tables `E(i)` (`embeddings`, a list of H
+    `[B, d]` variables named `embeddings_<i>`) are also the output tables of
+    `CascadeHashDecoder` (weight tying, Sec. 3.3); bucket 0 is an ordinary
+    trainable row. One variable per head, rather than one `[H, B, d]`
+    variable, lets compiled code read a head's table in place: XLA copies a
+    slice of a stacked table before every matmul that reads it.
 
     Args:
         num_hashes: int, `H`.
@@ -55,11 +58,31 @@ class HashEncoder(keras.layers.Layer):
         self.kernel_initializer = get_initializer(kernel_initializer)
 
     def build(self, signatures_shape=None):
-        self.embeddings = self.add_weight(
-            name="embeddings",
-            shape=(self.num_hashes, self.num_buckets, self.hidden_dim),
-            initializer=self.embeddings_initializer,
-        )
+        # One draw of shape [H, B, d], split over the heads: the initial
+        # values do not depend on how the tables are stored.
+        initial, served = [], []
+
+        def initializer(i):
+            def head_initializer(shape, dtype=None):
+                if not initial:
+                    full_shape = (self.num_hashes,) + tuple(shape)
+                    initial.append(self.embeddings_initializer(full_shape, dtype=dtype))
+                value = initial[0][i]
+                served.append(i)
+                if len(served) == self.num_hashes:
+                    initial.clear()
+                return value
+
+            return head_initializer
+
+        self.embeddings = [
+            self.add_weight(
+                name=f"embeddings_{i}",
+                shape=(self.num_buckets, self.hidden_dim),
+                initializer=initializer(i),
+            )
+            for i in range(self.num_hashes)
+        ]
 
         def dense(units, name, activation=None):
             return keras.layers.Dense(
@@ -83,12 +106,16 @@ class HashEncoder(keras.layers.Layer):
 
     def lookup(self, signatures):
         """Signatures `[..., H]` -> the H bucket vectors `[..., H, d]`."""
-        table = ops.reshape(
-            self.embeddings, (self.num_hashes * self.num_buckets, self.hidden_dim)
-        )
-        offsets = ops.arange(self.num_hashes, dtype="int32") * self.num_buckets
-        rows = ops.cast(signatures, "int32") + offsets
-        return ops.take(table, rows, axis=0)
+        signatures = ops.cast(signatures, "int32")
+        vectors = [
+            ops.take(table, signatures[..., i], axis=0)
+            for i, table in enumerate(self.embeddings)
+        ]
+        return ops.stack(vectors, axis=-2)
+
+    def stacked_embeddings(self):
+        """The H tables as one `[H, B, d]` tensor (a copy)."""
+        return ops.stack(self.embeddings, axis=0)
 
     def call(self, signatures):
         # Sec. 3.1 eq. 2: u_i = E(i)[bucket_i].

@@ -241,11 +241,13 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
     def transpose(tensor, _):
         return np.transpose(tensor)
 
-    loader.port_weight(
-        encoder.embeddings,
-        "embed_tokens.weight",
-        lambda t, shape: np.reshape(t, shape) if t.shape == (num_hashes * num_buckets, hidden) else t,
-    )
+    for i, table in enumerate(encoder.embeddings):
+        # `embed_tokens.weight` is [H * B, d] (or [H, B, d]): head i's rows.
+        loader.port_weight(
+            table,
+            "embed_tokens.weight",
+            lambda t, shape, i=i: np.reshape(t, (num_hashes, num_buckets, hidden))[i],
+        )
     for dense, key in (
         (encoder.gate_dense, "combiner.scorer.0"),
         (encoder.score_dense, "combiner.scorer.2"),

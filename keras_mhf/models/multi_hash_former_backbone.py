@@ -223,7 +223,7 @@ class MultiHashFormerBackbone(Backbone):
         model, data = model_parallel_dim_name, data_parallel_dim_name
         layout_map = keras.distribution.LayoutMap(device_mesh)
         # Sec. 3.1 / 3.3: the tied bucket tables, sharded over buckets.
-        layout_map[".*hash_encoder/embeddings"] = (None, model, data)
+        layout_map[".*hash_encoder/embeddings_\\d+"] = (model, data)
         layout_map[".*hash_encoder/gate_dense/kernel"] = (data, model)
         layout_map[".*hash_encoder/score_dense/kernel"] = (model, None)
         layout_map[".*hash_encoder/output_dense/kernel"] = (data, model)
