@@ -1,5 +1,5 @@
-"""Seconds-long smoke runs of the benchmark and the replication recipe, so
-neither tool can rot (their real runs are documented in the README)."""
+"""Seconds-long smoke runs of the benchmark, the profiler and the replication
+recipe, so none of them can rot (their real runs are documented in the README)."""
 
 import json
 import os
@@ -29,6 +29,19 @@ def test_benchmark_smoke(tmp_path):
         assert r["train_tokens_per_s"] > 0 and 0 < r["mfu"] < 1.5
         assert r["generate_ms_per_token_b1"] > 0 and r["score_tokens_per_s"] > 0
     assert "MHF/Std tok/s" in done.stdout
+
+
+def test_profile_smoke():
+    if keras.config.backend() != "jax":
+        pytest.skip("tools/profile_step.py uses the JAX profiler")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "profile_step.py"), "--smoke"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "## training step" in done.stdout and "## generation" in done.stdout
+    # Every executed op is attributed to a category; the matmuls are found.
+    assert "matmul" in done.stdout and "top ops:" in done.stdout
 
 
 def test_replicate_smoke(tmp_path, openstax_dir):

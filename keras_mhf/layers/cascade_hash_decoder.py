@@ -23,7 +23,7 @@ class CascadeHashDecoder(keras.layers.Layer):
     both ends reach the same variables. Leading axes are flattened to one row
     axis before the matmuls: XLA then computes the tables' gradients without
     transposing the `[rows, B]` logit gradients (profiled in
-    `tools/profile.py`).
+    `tools/profile_step.py`).
 
     Call arguments:
         hidden_states: float `[..., d]`.

@@ -1,8 +1,8 @@
 """Where a training step or a generated token spends its time (JAX backend).
 
-    python tools/profile.py                               # H4B16384, V=32K, train + generate b1
-    python tools/profile.py --config standard --vocab 262144
-    python tools/profile.py --phase generate --batch-size 8
+    python tools/profile_step.py                               # H4B16384, V=32K, train + generate b1
+    python tools/profile_step.py --config standard --vocab 262144
+    python tools/profile_step.py --phase generate --batch-size 8
 
 Tool: the JAX profiler (`jax.profiler.start_trace(..., create_perfetto_trace=
 True)`), whose trace holds one event per executed XLA op (fusion, dot, copy,
