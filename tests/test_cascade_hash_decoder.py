@@ -40,6 +40,18 @@ def test_matches_paper_equations():
     np.testing.assert_allclose(out, expected, atol=1e-4)
 
 
+def test_table_forms_and_leading_axes_agree():
+    """Per-head tables, one stacked tensor, any leading axes: same logits."""
+    encoder, decoder = build_pair()
+    hidden = np.random.default_rng(4).normal(size=(2, 3, 5, 16)).astype("float32")
+    per_head = ops.convert_to_numpy(decoder(hidden, encoder.embeddings))
+    stacked = ops.convert_to_numpy(decoder(hidden, encoder.stacked_embeddings()))
+    rows = ops.convert_to_numpy(decoder(hidden.reshape(-1, 16), encoder.embeddings))
+    assert per_head.shape == (2, 3, 5, 3, 7)
+    np.testing.assert_array_equal(per_head, stacked)
+    np.testing.assert_allclose(per_head, rows.reshape(2, 3, 5, 3, 7), atol=1e-6)
+
+
 def test_mixer_count_and_shapes():
     encoder, decoder = build_pair(num_hashes=4)
     decoder.build()

@@ -7,6 +7,7 @@ token, model-FLOPs utilisation and MHF/Standard ratios.
     python tools/benchmark.py --backends jax tensorflow torch --vocab 32768
     python tools/benchmark.py --hidden-dim 256 --num-layers 8
     python tools/benchmark.py --smoke                      # seconds; CI runs this
+    python tools/benchmark.py --compare before.json after.json
 
 Every (backend, vocabulary, model) is measured in its own subprocess, so peak
 memory (peak RSS growth over the process after imports) is per model. Model
@@ -46,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--new-tokens", type=int, default=32, help="generated tokens timed")
     p.add_argument("--output", default="benchmark.json")
     p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the tool runs")
+    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="print a before/after table of two JSON outputs and exit")
     p.add_argument("--worker", nargs=3, metavar=("BACKEND", "VOCAB", "CONFIG"),
                    help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -286,8 +289,33 @@ def table(results, peaks):
     return "\n".join(lines) + "\n"
 
 
+def compare(before_path, after_path):
+    """Before/after table of two runs (same backend, vocabularies, models)."""
+    with open(before_path) as f:
+        before = {(r["backend"], r["vocabulary_size"], r["config"]): r
+                  for r in json.load(f)["results"]}
+    with open(after_path) as f:
+        after = json.load(f)["results"]
+    lines = ["| backend | V | model | train tok/s | MFU | gen ms/token b1 | gen ms/token b8 | "
+             "peak train MB | score tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in after:
+        old = before.get((r["backend"], r["vocabulary_size"], r["config"]))
+        if old is None:
+            continue
+        cells = [f"{old[k]:{fmt}} -> {r[k]:{fmt}}" for k, fmt in (
+            ("train_tokens_per_s", ",.0f"), ("mfu", ".2f"), ("generate_ms_per_token_b1", ".1f"),
+            ("generate_ms_per_token_b8", ".1f"), ("peak_train_memory_mb", ",.0f"),
+            ("score_tokens_per_s", ",.0f"))]
+        lines.append(f"| {r['backend']} | {r['vocabulary_size']:,} | {r['config']} | "
+                     + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.compare:
+        print(compare(*args.compare))
+        return
     if args.smoke:
         args.vocab, args.configs = [512], ["standard", "h3b64"]
         args.hidden_dim, args.num_layers, args.sequence_length = 64, 2, 16

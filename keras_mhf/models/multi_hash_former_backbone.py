@@ -192,8 +192,8 @@ class MultiHashFormerBackbone(Backbone):
         """A `keras.distribution.LayoutMap` for model parallelism.
 
         Like KerasHub's Llama/Gemma layout maps: the bucket tables are
-        sharded over buckets on the model axis (`[H, B, d]` ->
-        `(None, model, data)`), the encoder's gate and output kernels, the
+        sharded over buckets on the model axis (each head's `[B, d]` table ->
+        `(model, data)`), the encoder's gate and output kernels, the
         attention and MLP kernels and the cascade mixers (which live on
         `MultiHashFormerCausalLM`) are split between the two axes, and the
         int signature table, norms and biases are replicated. `B` must be
