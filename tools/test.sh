@@ -7,6 +7,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 source tools/setup_env.sh
+# setup_env.sh sets -e; a failing backend must not stop the others.
+set +e
 backends=(jax tensorflow torch)
 if [ $# -gt 0 ] && [[ "$1" =~ ^(jax|tensorflow|torch)$ ]]; then
   backends=("$1"); shift

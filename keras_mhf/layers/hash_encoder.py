@@ -115,7 +115,7 @@ class HashEncoder(keras.layers.Layer):
 
     def stacked_embeddings(self):
         """The H tables as one `[H, B, d]` tensor (a copy)."""
-        return ops.stack(self.embeddings, axis=0)
+        return ops.stack([table.value for table in self.embeddings], axis=0)
 
     def call(self, signatures):
         # Sec. 3.1 eq. 2: u_i = E(i)[bucket_i].
