@@ -112,6 +112,11 @@ def test_misshaped_tensor_is_named_with_expected_shape(tmp_path):
                      reshape="model.layers.1.mlp.down_proj.weight")
     with pytest.raises(ValueError, match=r"layers.1.mlp.down_proj.weight.*\(48, 32\)"):
         MultiHashFormerCausalLM.from_preset(str(tmp_path / "ckpt"))
+    # The stacked bucket tables are split over H per-head variables.
+    write_checkpoint(str(tmp_path / "ckpt2"), tokens, reshape="model.embed_tokens.weight")
+    expected = rf"embed_tokens.weight.*\({CFG['num_hashes'] * CFG['num_buckets']}, {CFG['d']}\)"
+    with pytest.raises(ValueError, match=expected):
+        MultiHashFormerCausalLM.from_preset(str(tmp_path / "ckpt2"))
 
 
 def test_malformed_config_and_pickles_are_refused(tmp_path):

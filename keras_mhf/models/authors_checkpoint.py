@@ -241,13 +241,15 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
     def transpose(tensor, _):
         return np.transpose(tensor)
 
+    # `embed_tokens.weight` is [H * B, d] (or [H, B, d]): rows i*B..(i+1)*B-1
+    # are E(i). Read once, split over the per-head variables.
+    shape = (num_hashes * num_buckets, hidden)
+    stacked = loader.get_tensor("embed_tokens.weight")
+    if tuple(stacked.shape) not in (shape, (num_hashes, num_buckets, hidden)):
+        loader.read("embed_tokens.weight", shape)  # raises, naming the expected shape
+    stacked = np.reshape(stacked, (num_hashes, num_buckets, hidden))
     for i, table in enumerate(encoder.embeddings):
-        # `embed_tokens.weight` is [H * B, d] (or [H, B, d]): head i's rows.
-        loader.port_weight(
-            table,
-            "embed_tokens.weight",
-            lambda t, shape, i=i: np.reshape(t, (num_hashes, num_buckets, hidden))[i],
-        )
+        table.assign(np.asarray(stacked[i], dtype="float32"))
     for dense, key in (
         (encoder.gate_dense, "combiner.scorer.0"),
         (encoder.score_dense, "combiner.scorer.2"),
