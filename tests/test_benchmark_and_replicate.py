@@ -40,7 +40,7 @@ def test_profile_smoke():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "## training step" in done.stdout and "## generation" in done.stdout
-    # Every executed op is attributed to a category; the matmuls are found.
+    # Ops are attributed to categories, and the matmuls are found.
     assert "matmul" in done.stdout and "top ops:" in done.stdout
 
 

@@ -59,19 +59,16 @@ class HashEncoder(keras.layers.Layer):
 
     def build(self, signatures_shape=None):
         # One draw of shape [H, B, d], split over the heads: the initial
-        # values do not depend on how the tables are stored.
-        initial, served = [], []
+        # values do not depend on how the tables are stored. (Keras drops a
+        # variable's initializer once it has run, which frees the draw.)
+        initial = []
 
         def initializer(i):
             def head_initializer(shape, dtype=None):
                 if not initial:
                     full_shape = (self.num_hashes,) + tuple(shape)
                     initial.append(self.embeddings_initializer(full_shape, dtype=dtype))
-                value = initial[0][i]
-                served.append(i)
-                if len(served) == self.num_hashes:
-                    initial.clear()
-                return value
+                return initial[0][i]
 
             return head_initializer
 
