@@ -1,0 +1,413 @@
+"""Streams documents from text corpora (numpy-free, standard library only).
+
+Corpus files are `.txt` (blank-line separated documents, or one document per
+line when the start of the file has no blank line), `.jsonl` and `.jsonl.gz`
+(one `{"text": ...}` object per line). Inputs are files, directories (read
+recursively, in sorted order, corpus files only) and glob patterns, or a list
+of them. Files are read line by line, so memory does not grow with the corpus,
+and every document carries the position just after it, from which a reader
+can resume (`DocumentReader(..., start=position)`).
+
+Example:
+
+```python
+from keras_mhf.data import DocumentReader
+
+reader = DocumentReader(["books/", "extra/*.jsonl.gz"], on_error="skip")
+for document in reader:
+    print(reader.files[document.file_index], document.line, document.text[:40])
+print(reader.skipped, "bad lines skipped")
+```
+"""
+
+import gzip
+import json
+import os
+import warnings
+from glob import glob
+from typing import NamedTuple
+
+CORPUS_EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz")
+# A `.txt` file holds blank-line separated documents when this first part of
+# it (after leading whitespace) contains an empty line, else one per line.
+TXT_HEAD_BYTES = 1 << 20
+# With on_error="skip", each of the first bad lines gets its own warning.
+WARN_LINES = 20
+_ON_ERROR = ("fail", "skip")
+_BOM = b"\xef\xbb\xbf"
+
+
+class CorpusWarning(UserWarning):
+    """A bad corpus line skipped with `on_error="skip"`."""
+
+
+class ReadPosition(NamedTuple):
+    """Where a `DocumentReader` stands between two documents.
+
+    Attributes:
+        file_index: index into `DocumentReader.files` of the file to read next.
+        offset: byte offset in that file (in the uncompressed stream for
+            `.jsonl.gz`).
+        line: 1-based line number at `offset`.
+        skipped: bad lines skipped before this position (`on_error="skip"`).
+    """
+
+    file_index: int = 0
+    offset: int = 0
+    line: int = 1
+    skipped: int = 0
+
+
+class Document(NamedTuple):
+    """One document with its place in the corpus.
+
+    Attributes:
+        text: the stripped document text (never empty).
+        file_index: index into `DocumentReader.files`.
+        line: 1-based line where the document starts in that file.
+        end: the `ReadPosition` just after the document; a reader started
+            there yields the documents that follow this one.
+    """
+
+    text: str
+    file_index: int
+    line: int
+    end: ReadPosition
+
+
+def is_corpus_file(path):
+    """Whether `path` has a corpus extension (`.txt`, `.jsonl`, `.jsonl.gz`).
+
+    Example:
+
+    >>> is_corpus_file("train_00.jsonl"), is_corpus_file("manifest.json")
+    (True, False)
+    """
+    return os.fspath(path).endswith(CORPUS_EXTENSIONS)
+
+
+def _extensions():
+    return ", ".join(CORPUS_EXTENSIONS)
+
+
+def _walk(directory):
+    """Corpus files under `directory`, recursively; files of a directory come
+    before those of its subdirectories, each level in sorted order."""
+    found = []
+    for root, _, names in sorted(os.walk(directory)):
+        found += [os.path.join(root, n) for n in sorted(names) if is_corpus_file(n)]
+    return found
+
+
+def list_corpus_files(inputs):
+    """Resolves inputs to the ordered list of corpus files they name.
+
+    Args:
+        inputs: a path or glob pattern, or a list of them. A directory (or a
+            directory matched by a pattern) contributes the corpus files under
+            it, recursively, and skips every other file (`manifest.json`,
+            licenses, ...). A pattern contributes the corpus files it matches.
+            A file named explicitly must be a corpus file.
+
+    Returns:
+        List of file paths, in input order (sorted within a directory or a
+        pattern).
+
+    Raises:
+        FileNotFoundError: a path does not exist or a pattern matches nothing.
+        ValueError: a named file is not a corpus file, or a directory or
+            pattern holds no corpus file.
+
+    Example:
+
+    >>> list_corpus_files("../shared/data/openstax_edu_en")  # doctest: +SKIP
+    ['../shared/data/openstax_edu_en/train_00.jsonl', ...]
+    """
+    if isinstance(inputs, (str, bytes, os.PathLike)):
+        inputs = [inputs]
+    inputs = [os.fsdecode(item) for item in inputs]
+    if not inputs:
+        raise ValueError("No corpus inputs given: pass at least one file or directory.")
+    files = []
+    for item in inputs:
+        if any(c in item for c in "*?["):
+            matches = sorted(glob(item, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"The pattern {item!r} matches no files.")
+            found = []
+            for match in matches:
+                if os.path.isdir(match):
+                    found += _walk(match)
+                elif is_corpus_file(match):
+                    found.append(match)
+            if not found:
+                raise ValueError(
+                    f"The pattern {item!r} matches no corpus files (files ending "
+                    f"in {_extensions()})."
+                )
+        elif os.path.isdir(item):
+            found = _walk(item)
+            if not found:
+                raise ValueError(
+                    f"No corpus files (ending in {_extensions()}) under {item}."
+                )
+        elif os.path.exists(item):
+            if not is_corpus_file(item):
+                raise ValueError(
+                    f"{item} is not a corpus file: corpus files end in "
+                    f"{_extensions()}. Rename it, or pass its directory to read "
+                    "only the corpus files in it."
+                )
+            found = [item]
+        else:
+            raise FileNotFoundError(f"No such corpus file or directory: {item}")
+        files += found
+    return files
+
+
+def _open_binary(path):
+    """(line source, raw file) for a corpus file; the raw file's position
+    tells how many bytes of the file on disk were read."""
+    raw = open(path, "rb")
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw
+    return raw, raw
+
+
+def _blank_line_separated(path):
+    """The `.txt` rule: blank-line separated documents when the first
+    `TXT_HEAD_BYTES` of the file, without its leading whitespace (and without
+    its trailing whitespace when the whole file fits), contain an empty line;
+    otherwise one document per line. For files up to `TXT_HEAD_BYTES` this is
+    exactly `"\\n\\n" in text.strip()` on the whole text."""
+    stream, raw = _open_binary(path)
+    with raw, stream:
+        head = stream.read(TXT_HEAD_BYTES + 1)
+    text = head[:TXT_HEAD_BYTES].decode("utf-8", "replace").replace("\r\n", "\n")
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    text = text.strip() if len(head) <= TXT_HEAD_BYTES else text.lstrip()
+    return "\n\n" in text
+
+
+class DocumentReader:
+    """Streams the documents of corpus files, with their positions.
+
+    `.txt` files hold documents separated by empty lines; a file whose first
+    `TXT_HEAD_BYTES` (1 MiB) have no empty line between text holds one
+    document per line. `.jsonl` / `.jsonl.gz` files hold one JSON object with
+    a string `"text"` per line; blank lines are ignored. Documents are
+    stripped; empty ones are skipped. A UTF-8 byte-order mark at the start of
+    a file is ignored; lines end with `\\n` or `\\r\\n`.
+
+    A bad line (not UTF-8, invalid JSON, not an object, no `"text"`, a
+    `"text"` that is null or not a string) raises a `ValueError` naming
+    `file:line` with `on_error="fail"`; with `on_error="skip"` it is skipped
+    (in a blank-line separated `.txt` file, with the document it belongs to),
+    counted in `skipped` and reported with a `CorpusWarning` (the first
+    `WARN_LINES` one by one, then a count at the end).
+
+    Args:
+        inputs: files, directories or glob patterns (see `list_corpus_files`).
+        on_error: `"fail"` (default) or `"skip"`.
+        start: a `ReadPosition` (e.g. a document's `end`) to resume from.
+
+    Example:
+
+    ```python
+    reader = DocumentReader("corpus/")
+    first = next(iter(reader))
+    rest = DocumentReader("corpus/", start=first.end)  # the documents after it
+    ```
+    """
+
+    def __init__(self, inputs, on_error="fail", start=None):
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}.")
+        self.files = list_corpus_files(inputs)
+        self.on_error = on_error
+        self.start = ReadPosition(*start) if start is not None else ReadPosition()
+        if not 0 <= self.start.file_index <= len(self.files):
+            raise ValueError(
+                f"start={tuple(self.start)} points past the {len(self.files)} "
+                "corpus files."
+            )
+        self.file_sizes = [os.path.getsize(f) for f in self.files]
+        self.total_bytes = sum(self.file_sizes)
+        self._reset()
+
+    def _reset(self):
+        self.skipped = self.start.skipped
+        self._done_bytes = sum(self.file_sizes[: self.start.file_index])
+        self._raw = None
+
+    @property
+    def bytes_read(self):
+        """Bytes of the files on disk read so far (compressed for `.gz`)."""
+        position = self._raw.tell() if self._raw and not self._raw.closed else 0
+        return self._done_bytes + position
+
+    def _bad(self, path, number, problem, what="the line"):
+        where = f"{path}:{number}"
+        if self.on_error == "fail":
+            raise ValueError(
+                f"{where}: {problem}. Fix or remove the line, or pass "
+                "on_error='skip' (--on-error skip) to skip bad lines."
+            )
+        self.skipped += 1
+        if self.skipped <= WARN_LINES:
+            more = (
+                " Further bad lines are counted, not shown one by one."
+                if self.skipped == WARN_LINES
+                else ""
+            )
+            warnings.warn(
+                f"{where}: {problem}; skipped {what}.{more}",
+                CorpusWarning,
+                stacklevel=3,
+            )
+
+    def __iter__(self):
+        self._reset()
+        start = self.start
+        for file_index in range(start.file_index, len(self.files)):
+            path = self.files[file_index]
+            if file_index == start.file_index:
+                offset, line = start.offset, start.line
+            else:
+                offset, line = 0, 1
+            if path.endswith((".jsonl", ".jsonl.gz")):
+                documents = self._jsonl(path, file_index, offset, line)
+            elif _blank_line_separated(path):
+                documents = self._blocks(path, file_index, offset, line)
+            else:
+                documents = self._lines(path, file_index, offset, line)
+            yield from documents
+            self._done_bytes += self.file_sizes[file_index]
+            self._raw = None
+        if self.skipped > WARN_LINES:
+            warnings.warn(
+                f"Skipped {self.skipped} bad lines in all (only the first "
+                f"{WARN_LINES} were reported one by one).",
+                CorpusWarning,
+                stacklevel=2,
+            )
+
+    def _numbered_lines(self, path, offset, line):
+        """Yields (line number, decoded line or None if not UTF-8, error,
+        offset after the line) from `offset`, which is at line `line`."""
+        stream, raw = _open_binary(path)
+        self._raw = raw
+        with raw, stream:
+            if offset:
+                stream.seek(offset)
+            for data in stream:
+                if offset == 0 and data.startswith(_BOM):
+                    data = data[len(_BOM) :]
+                    offset += len(_BOM)
+                offset += len(data)
+                if data.endswith(b"\n"):
+                    data = data[:-1]
+                if data.endswith(b"\r"):
+                    data = data[:-1]
+                try:
+                    text, error = data.decode("utf-8"), None
+                except UnicodeDecodeError as e:
+                    text, error = None, e
+                yield line, text, error, offset
+                line += 1
+
+    def _jsonl(self, path, file_index, offset, line):
+        for number, text, error, end in self._numbered_lines(path, offset, line):
+            if error is not None:
+                self._bad(path, number, f"not valid UTF-8 ({error})")
+                continue
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except ValueError as e:
+                self._bad(path, number, f"invalid JSON ({e})")
+                continue
+            if not isinstance(record, dict):
+                kind = type(record).__name__
+                self._bad(path, number, f"expected a JSON object, got a {kind}")
+                continue
+            if "text" not in record:
+                keys = ", ".join(map(repr, list(record)[:5])) or "none"
+                self._bad(path, number, f"no 'text' field (its fields: {keys})")
+                continue
+            value = record["text"]
+            if not isinstance(value, str):
+                kind = "null" if value is None else f"a {type(value).__name__}"
+                self._bad(path, number, f"'text' is {kind}, not a string")
+                continue
+            value = value.strip()
+            if value:
+                yield Document(
+                    value, file_index, number, self._position(file_index, end, number)
+                )
+
+    def _lines(self, path, file_index, offset, line):
+        for number, text, error, end in self._numbered_lines(path, offset, line):
+            if error is not None:
+                self._bad(path, number, f"not valid UTF-8 ({error})")
+                continue
+            text = text.strip()
+            if text:
+                yield Document(
+                    text, file_index, number, self._position(file_index, end, number)
+                )
+
+    def _blocks(self, path, file_index, offset, line):
+        block, first, bad = [], None, False
+        end, number = offset, line - 1
+        for number, text, error, end in self._numbered_lines(path, offset, line):
+            if error is not None:
+                self._bad(
+                    path,
+                    number,
+                    f"not valid UTF-8 ({error})",
+                    what="the document that holds it",
+                )
+                bad = True
+            elif text == "":
+                document = "\n".join(block).strip()
+                if document and not bad:
+                    position = self._position(file_index, end, number)
+                    yield Document(document, file_index, first, position)
+                block, first, bad = [], None, False
+                continue
+            if first is None:
+                first = number
+            if text is not None:
+                block.append(text)
+        document = "\n".join(block).strip()
+        if document and not bad:
+            position = self._position(file_index, end, number)
+            yield Document(document, file_index, first, position)
+
+    def _position(self, file_index, offset, number):
+        return ReadPosition(file_index, offset, number + 1, self.skipped)
+
+
+def read_documents(path, limit=None, on_error="fail"):
+    """Yields the document strings of corpus files.
+
+    Args:
+        path: a file, directory or glob pattern, or a list of them (see
+            `list_corpus_files`).
+        limit: stop after this many documents (`None` or 0: all).
+        on_error: `"fail"` (default) raises on a bad line with its
+            `file:line`; `"skip"` skips it with a warning.
+
+    Example:
+
+    ```python
+    documents = list(read_documents("corpus.jsonl", limit=100))
+    ```
+    """
+    for count, document in enumerate(DocumentReader(path, on_error=on_error), 1):
+        yield document.text
+        if limit and count >= limit:
+            return

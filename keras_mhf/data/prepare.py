@@ -1,0 +1,746 @@
+"""Tokenizes corpora once into flat token shards on disk (numpy + sentencepiece).
+
+`prepare_data` reads documents as a stream, tokenizes them with SentencePiece
+in a pool of worker processes (each document prefixed with BOS, as
+`pack_documents` does), splits them by document into a training and a
+validation split, and appends each split's tokens to fixed-size shards
+(`train_00000.bin`, `validation_00000.bin`, ...: raw little-endian `uint16`,
+or `uint32` for vocabularies over 65,536 pieces). `index.json` is written
+last; `PreparedCorpus` opens the result.
+
+The output does not depend on the number of workers. A shard is written as
+`NAME.partial` and renamed when full; `prepare_state.json` records, at
+document boundaries, where the input stream stands and how far each shard in
+progress is, so a killed run restarted with the same arguments continues
+from there and ends with the same bytes as an uninterrupted run.
+
+Example:
+
+```python
+from keras_mhf.data import prepare_data
+
+index = prepare_data(
+    "../shared/data/openstax_edu_en",
+    "../shared/data/mistral_v03_tokenizer/tokenizer.model",
+    "prepared/openstax",
+)
+print(index["splits"]["train"]["tokens"])
+```
+"""
+
+import collections
+import datetime
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from keras_mhf.data.documents import DocumentReader
+from keras_mhf.data.documents import ReadPosition
+from keras_mhf.data.documents import list_corpus_files
+from keras_mhf.data.prepared_corpus import FORMAT
+from keras_mhf.data.prepared_corpus import FORMAT_VERSION
+from keras_mhf.data.prepared_corpus import INDEX_FILE
+from keras_mhf.data.prepared_corpus import SPLITS
+from keras_mhf.data.prepared_corpus import STATE_FILE
+from keras_mhf.data.prepared_corpus import read_index
+
+DEFAULT_SHARD_TOKENS = 1 << 26  # 128 MiB per shard with uint16 tokens
+CHUNK_TEXT_CHARS = 1 << 20  # text per tokenization task
+CHUNK_DOCUMENTS = 4096  # documents per tokenization task, at most
+CHECKPOINT_SECONDS = 10.0  # also checkpointed whenever a shard completes
+VALIDATION_KEY = b"keras_mhf.validation"
+VALIDATION_HASH = (
+    "blake2b(UTF-8 text of the stripped document, digest_size=8, "
+    "key=b'keras_mhf.validation'), read as a little-endian integer / 2**64"
+)
+
+
+def token_dtype(vocabulary_size):
+    """`uint16` when every id fits (vocabulary of at most 65,536), else `uint32`.
+
+    Example:
+
+    >>> token_dtype(32768).name, token_dtype(65537).name
+    ('uint16', 'uint32')
+    """
+    return np.dtype("<u2" if vocabulary_size <= 1 << 16 else "<u4")
+
+
+def available_cores():
+    """Cores this process may run on (its CPU affinity where the platform
+    reports one, e.g. under a job scheduler; else `os.cpu_count()`).
+
+    Example:
+
+    >>> available_cores() >= 1
+    True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def validation_score(text):
+    """The document's number in [0, 1) that decides its split: documents
+    scoring below `validation_fraction` go to validation. It depends only on
+    the text, so the split is the same for any order or number of workers.
+
+    Example:
+
+    >>> 0.0 <= validation_score("A document.") < 1.0
+    True
+    """
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=VALIDATION_KEY)
+    return int.from_bytes(digest.digest(), "little") / 2.0**64
+
+
+def _tokenize(sp, bos_id, dtype, fraction, texts, all_validation):
+    """(flat tokens, per-document lengths, per-document is-validation)."""
+    ids = sp.encode(texts, num_threads=1)
+    lengths = np.fromiter((len(x) + 1 for x in ids), np.int64, len(ids))
+    starts = np.cumsum(lengths) - lengths
+    tokens = np.empty(int(lengths.sum()), dtype)
+    body = np.ones(tokens.size, bool)
+    body[starts] = False
+    tokens[starts] = bos_id
+    tokens[body] = np.fromiter(
+        itertools.chain.from_iterable(ids), dtype, tokens.size - len(ids)
+    )
+    if all_validation is None:
+        flags = [validation_score(t) < fraction for t in texts]
+        is_validation = np.array(flags, bool)
+    else:
+        is_validation = np.full(len(texts), all_validation, bool)
+    return tokens, lengths, is_validation
+
+
+_WORKER = None
+
+
+def _init_worker(proto, bos_id, dtype, fraction):
+    import sentencepiece as spm
+
+    global _WORKER
+    _WORKER = (spm.SentencePieceProcessor(model_proto=proto), bos_id, dtype, fraction)
+
+
+def _tokenize_in_worker(task):
+    return _tokenize(*_WORKER, *task)
+
+
+class _Done:
+    """A result computed in this process (workers=1)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def get(self):
+        return self.value
+
+
+class _Interrupted(Exception):
+    """Raised by the `_stop_after_shards` test hook."""
+
+
+def _write_json(path, data):
+    """Writes JSON atomically: a temporary file, fsync, then os.replace."""
+    temporary = path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+class _ShardWriter:
+    """Appends one split's tokens to fixed-size shards, resumably."""
+
+    def __init__(self, directory, split, dtype, shard_tokens, state, on_complete):
+        self.directory, self.split = directory, split
+        self.dtype, self.shard_tokens = dtype, shard_tokens
+        self.on_complete = on_complete
+        self.shards = list(state["shards"])
+        self.tokens = state["pending_tokens"]
+        self.documents = state["pending_documents"]
+        self._restore()
+
+    def _path(self, index):
+        return os.path.join(self.directory, f"{self.split}_{index:05d}.bin")
+
+    def _damaged(self, what):
+        return ValueError(
+            f"{self.directory} is inconsistent with its {STATE_FILE} ({what}); "
+            "delete the directory and run prepare_data again."
+        )
+
+    def _restore(self):
+        """Reopens the shard in progress at its checkpointed length and drops
+        whatever was written after the checkpoint."""
+        size = self.dtype.itemsize
+        for shard in self.shards:
+            path = os.path.join(self.directory, shard["file"])
+            if not os.path.isfile(path) or os.path.getsize(path) != shard["bytes"]:
+                raise self._damaged(f"shard {path} is missing or has the wrong size")
+        index = len(self.shards)
+        partial, final = self._path(index) + ".partial", self._path(index)
+        if not os.path.exists(partial):
+            if os.path.exists(final):  # renamed after the last checkpoint
+                os.replace(final, partial)
+            elif self.tokens == 0:
+                open(partial, "wb").close()
+            else:
+                raise self._damaged(f"{partial} is missing")
+        if os.path.getsize(partial) < self.tokens * size:
+            raise self._damaged(f"{partial} is shorter than recorded")
+        with open(partial, "r+b") as f:
+            f.truncate(self.tokens * size)
+        self.hash = hashlib.sha256()
+        with open(partial, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                self.hash.update(block)
+        pattern = re.compile(rf"{self.split}_(\d+)\.bin(\.partial)?$")
+        for name in os.listdir(self.directory):
+            match = pattern.match(name)
+            if match and int(match.group(1)) > index:
+                os.remove(os.path.join(self.directory, name))
+        self.file = open(partial, "ab")
+
+    def append(self, tokens, lengths):
+        """Appends documents' tokens; `lengths` are their token counts."""
+        starts = np.cumsum(lengths) - lengths
+        position = 0
+        while position < tokens.size:
+            take = min(tokens.size - position, self.shard_tokens - self.tokens)
+            data = tokens[position : position + take].tobytes()
+            self.file.write(data)
+            self.hash.update(data)
+            first, last = np.searchsorted(starts, [position, position + take])
+            self.documents += int(last - first)
+            self.tokens += take
+            position += take
+            if self.tokens == self.shard_tokens:
+                self._complete(reopen=True)
+
+    def _complete(self, reopen):
+        index = len(self.shards)
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self._path(index) + ".partial", self._path(index))
+        self.shards.append(
+            {
+                "file": os.path.basename(self._path(index)),
+                "tokens": self.tokens,
+                "documents": self.documents,
+                "bytes": self.tokens * self.dtype.itemsize,
+                "sha256": self.hash.hexdigest(),
+            }
+        )
+        self.tokens, self.documents, self.hash = 0, 0, hashlib.sha256()
+        if reopen:
+            self.file = open(self._path(index + 1) + ".partial", "wb")
+        self.on_complete()
+
+    def state(self):
+        self.file.flush()
+        return {
+            "shards": self.shards,
+            "pending_tokens": self.tokens,
+            "pending_documents": self.documents,
+        }
+
+    def finish(self):
+        """Completes the last shard (or drops its empty file)."""
+        if self.tokens:
+            self._complete(reopen=False)
+        else:
+            self.file.close()
+            os.remove(self._path(len(self.shards)) + ".partial")
+        return {
+            "tokens": sum(s["tokens"] for s in self.shards),
+            "documents": sum(s["documents"] for s in self.shards),
+            "shards": self.shards,
+        }
+
+    def close(self):
+        if not self.file.closed:
+            self.file.close()
+
+    def remove_files(self):
+        self.close()
+        pattern = re.compile(rf"{self.split}_(\d+)\.bin(\.partial)?$")
+        for name in os.listdir(self.directory):
+            if pattern.match(name):
+                os.remove(os.path.join(self.directory, name))
+
+
+class _Progress:
+    """A one-line progress report on stderr: bytes, tokens/s, ETA."""
+
+    def __init__(self, enabled, total_bytes, start_bytes):
+        self.enabled, self.total = enabled, max(total_bytes, 1)
+        self.start_bytes, self.started = start_bytes, time.monotonic()
+        self.last, self.tty = 0.0, enabled and sys.stderr.isatty()
+        self.shown = False
+
+    def update(self, done_bytes, tokens, final=False):
+        now = time.monotonic()
+        if not self.enabled or (
+            not final and now - self.last < (0.5 if self.tty else 10)
+        ):
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-9)
+        rate = (done_bytes - self.start_bytes) / elapsed
+        eta = (self.total - done_bytes) / rate if rate > 0 else float("inf")
+        eta = "--" if eta == float("inf") else f"{int(eta) // 60}m{int(eta) % 60:02d}s"
+        line = (
+            f"prepare_data: {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB "
+            f"({100 * done_bytes / self.total:.0f}%) | {tokens:,} tokens | "
+            f"{tokens / elapsed:,.0f} tokens/s | ETA {eta}"
+        )
+        if self.tty:
+            sys.stderr.write("\r" + line + ("\n" if final else ""))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def message(self, text):
+        if self.enabled:
+            sys.stderr.write(text + "\n")
+
+
+def _load_tokenizer(path):
+    import sentencepiece as spm
+
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No such tokenizer file: {path}")
+    with open(path, "rb") as f:
+        proto = f.read()
+    try:
+        sp = spm.SentencePieceProcessor(model_proto=proto)
+    except (RuntimeError, OSError, TypeError) as error:
+        raise ValueError(
+            f"{path} is not a SentencePiece model ({error}); pass the tokenizer's "
+            ".model file (e.g. mistral_v03_tokenizer/tokenizer.model)."
+        ) from error
+    if sp.bos_id() < 0:
+        raise ValueError(
+            f"The tokenizer {path} has no BOS piece (<s>); prepare_data puts it "
+            "before every document. Use a model trained with a BOS piece."
+        )
+    return sp, proto
+
+
+def _identity(record):
+    """What must match for a run to continue or to be a no-op."""
+    return {
+        "format_version": record["format_version"],
+        "tokenizer sha256": record["tokenizer"]["sha256"],
+        "dtype": record["dtype"],
+        "shard_tokens": record["shard_tokens"],
+        "validation rule": record["validation"],
+        "training inputs": record["sources"]["train"],
+        "validation inputs": record["sources"]["validation"],
+    }
+
+
+def _describe_change(key, old, new):
+    if key == "tokenizer sha256":
+        return f"tokenizer sha256 {str(old)[:12]}... -> {new[:12]}..."
+    if key in ("training inputs", "validation inputs"):
+        before = {f["path"]: f["bytes"] for f in old or []}
+        after = {f["path"]: f["bytes"] for f in new}
+        for path in after:
+            if path not in before:
+                return f"{key} differ: {path} is new"
+            if before[path] != after[path]:
+                return (
+                    f"{key} differ: {path} had {before[path]} bytes, now "
+                    f"{after[path]}"
+                )
+        for path in before:
+            if path not in after:
+                return f"{key} differ: {path} is no longer an input"
+        return f"{key} differ: same files in another order"
+    return f"{key}: {old!r} -> {new!r}"
+
+
+def _check_same(directory, found, wanted, what):
+    old, new = _identity(found), _identity(wanted)
+    changed = [key for key in new if old.get(key) != new[key]]
+    if changed:
+        details = "; ".join(_describe_change(k, old.get(k), new[k]) for k in changed)
+        raise ValueError(
+            f"{directory} holds {what} made with different settings ({details}). "
+            "Use another output directory, or delete this one to start again."
+        )
+
+
+def _sources(files):
+    return [{"path": os.path.abspath(f), "bytes": os.path.getsize(f)} for f in files]
+
+
+def _split_sizes_error(totals, fraction, validation_inputs, skipped):
+    documents = totals["train"]["documents"] + totals["validation"]["documents"]
+    skipped = f" ({skipped} bad lines skipped)" if skipped else ""
+    if documents == 0:
+        return ValueError(
+            f"The inputs hold no documents{skipped}: every corpus file is empty or "
+            "whitespace. Pass files with text."
+        )
+    plural = "document" if documents == 1 else "documents"
+    if validation_inputs is not None:
+        empty = "training" if totals["train"]["documents"] == 0 else "validation"
+        return ValueError(
+            f"The {empty} inputs hold no documents{skipped}; pass files with text."
+        )
+    if totals["train"]["documents"] == 0:
+        return ValueError(
+            f"The training split is empty: the corpus has {documents} {plural} and "
+            f"validation_fraction={fraction} put all of them in the validation "
+            "split; pass separate validation data (--validation FILE) or use more "
+            "documents."
+        )
+    return ValueError(
+        f"The validation split is empty: the corpus has {documents} {plural} and "
+        f"validation_fraction={fraction} held out none of them; pass separate "
+        "validation data (--validation FILE) or a larger --validation-fraction."
+    )
+
+
+def prepare_data(
+    inputs,
+    tokenizer_path,
+    output_dir,
+    validation_fraction=0.005,
+    validation_inputs=None,
+    shard_tokens=DEFAULT_SHARD_TOKENS,
+    workers=None,
+    on_error="fail",
+    progress=True,
+    _stop_after_shards=None,
+):
+    """Tokenizes corpora into token shards plus `index.json` (see module doc).
+
+    Args:
+        inputs: corpus files, directories or glob patterns (`.txt`, `.jsonl`,
+            `.jsonl.gz`; see `list_corpus_files`), or a list of them.
+        tokenizer_path: SentencePiece `.model` file.
+        output_dir: directory to write (created; must be new, empty, or an
+            earlier run of this same preparation).
+        validation_fraction: share of documents held out for validation,
+            chosen by a keyed hash of each document's text
+            (`validation_score`); ignored with `validation_inputs`.
+        validation_inputs: separate validation corpus (then every document
+            of `inputs` is for training).
+        shard_tokens: tokens per shard file (the last one of a split may be
+            shorter).
+        workers: tokenizer processes (default: every core, see
+            `available_cores`); the output is the same for any number.
+        on_error: `"fail"` (default) or `"skip"` bad corpus lines (see
+            `DocumentReader`).
+        progress: report progress on stderr.
+        _stop_after_shards: test hook: stop, as if killed, right after this
+            many shard files are complete (before checkpointing them);
+            returns `None`.
+
+    Returns:
+        The index (the contents of `output_dir/index.json`).
+
+    Raises:
+        FileNotFoundError: an input or the tokenizer does not exist.
+        ValueError: bad arguments, a tokenizer that is not a SentencePiece
+            model, bad corpus lines (with `on_error="fail"`), an empty split,
+            or an `output_dir` holding something else.
+
+    Example:
+
+    ```python
+    prepare_data("corpus/", "tokenizer.model", "prepared/", workers=8)
+    corpus = PreparedCorpus("prepared/")
+    ```
+    """
+    if workers is None:
+        workers = available_cores()
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(
+            f"workers must be a positive number of processes, got {workers!r}; "
+            f"pass --workers N with N >= 1, or leave it out to use every core "
+            f"({available_cores()})."
+        )
+    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int):
+        raise ValueError(f"shard_tokens must be an integer, got {shard_tokens!r}.")
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}.")
+    if on_error not in ("fail", "skip"):
+        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}.")
+    if validation_inputs is None and not 0.0 < validation_fraction < 1.0:
+        raise ValueError(
+            "validation_fraction must be between 0 and 1 (exclusive), got "
+            f"{validation_fraction!r}; or pass validation_inputs (--validation)."
+        )
+    sp, proto = _load_tokenizer(tokenizer_path)
+    dtype = token_dtype(sp.get_piece_size())
+    train_files = list_corpus_files(inputs)
+    validation_files = []
+    if validation_inputs is not None:
+        validation_files = list_corpus_files(validation_inputs)
+        both = set(map(os.path.abspath, train_files)) & set(
+            map(os.path.abspath, validation_files)
+        )
+        if both:
+            raise ValueError(
+                f"{sorted(both)[0]} is both a training and a validation input; "
+                "a file can only be in one split."
+            )
+    if validation_inputs is None:
+        rule = {"rule": "fraction", "fraction": validation_fraction}
+        rule["hash"] = VALIDATION_HASH
+    else:
+        rule = {"rule": "inputs"}
+    header = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "complete": False,
+        "tokenizer": {
+            "sha256": hashlib.sha256(proto).hexdigest(),
+            "vocabulary_size": sp.get_piece_size(),
+            "bos_id": sp.bos_id(),
+            "path": os.path.abspath(os.fspath(tokenizer_path)),
+        },
+        "dtype": dtype.name,
+        "shard_tokens": shard_tokens,
+        "validation": rule,
+        "sources": {
+            "train": _sources(train_files),
+            "validation": _sources(validation_files),
+        },
+        "on_error": on_error,
+    }
+    report = _Progress(progress, 0, 0)
+    output_dir = os.fspath(output_dir)
+    created = not os.path.exists(output_dir)
+    os.makedirs(output_dir, exist_ok=True)
+    state_path = os.path.join(output_dir, STATE_FILE)
+    if os.path.exists(os.path.join(output_dir, INDEX_FILE)):
+        index = read_index(output_dir)
+        _check_same(output_dir, index, header, "a prepared corpus")
+        if os.path.exists(state_path):
+            os.remove(state_path)  # left over if killed right after the index
+        sys.stderr.write(
+            f"{output_dir} already holds this prepared corpus "
+            f"({INDEX_FILE} is complete); nothing to do.\n"
+        )
+        return index
+    if os.path.exists(state_path):
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        _check_same(output_dir, state, header, "an unfinished prepare_data run")
+        state["on_error"] = on_error
+        report.message(f"prepare_data: resuming the unfinished run in {output_dir}.")
+    else:
+        if os.listdir(output_dir):
+            raise ValueError(
+                f"{output_dir} is not empty and holds no prepare_data run; choose "
+                "a new or empty output directory."
+            )
+        empty = {"shards": [], "pending_tokens": 0, "pending_documents": 0}
+        state = dict(header)
+        state["position"] = {"source": 0, "read": list(ReadPosition())}
+        state["skipped_before_source"] = 0
+        state["splits"] = {split: dict(empty) for split in SPLITS}
+        _write_json(state_path, state)
+
+    stop = {"completed": 0}
+
+    def on_complete():
+        stop["completed"] += 1
+        if _stop_after_shards is not None and stop["completed"] >= _stop_after_shards:
+            raise _Interrupted()
+
+    writers = {
+        split: _ShardWriter(
+            output_dir, split, dtype, shard_tokens, state["splits"][split], on_complete
+        )
+        for split in SPLITS
+    }
+    try:
+        totals = _run(
+            state,
+            state_path,
+            writers,
+            sp,
+            proto,
+            train_files,
+            validation_files,
+            validation_fraction,
+            workers,
+            on_error,
+            progress,
+        )
+    except _Interrupted:
+        return None
+    finally:
+        for writer in writers.values():
+            writer.close()
+    skipped = state["skipped_before_source"]
+    if not all(totals[split]["documents"] for split in SPLITS):
+        error = _split_sizes_error(
+            totals, validation_fraction, validation_inputs, skipped
+        )
+        for writer in writers.values():
+            writer.remove_files()
+        os.remove(state_path)
+        if created and not os.listdir(output_dir):
+            os.rmdir(output_dir)
+        raise error
+    index = dict(header)
+    index["complete"] = True
+    index["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"
+    )
+    index["skipped_lines"] = skipped
+    index["splits"] = totals
+    _write_json(os.path.join(output_dir, INDEX_FILE), index)
+    os.remove(state_path)
+    report.message(
+        f"prepare_data: wrote {totals['train']['tokens']:,} training and "
+        f"{totals['validation']['tokens']:,} validation tokens to {output_dir}"
+        + (f" ({skipped} bad lines skipped)" if skipped else "")
+        + "."
+    )
+    return index
+
+
+def _run(
+    state,
+    state_path,
+    writers,
+    sp,
+    proto,
+    train_files,
+    validation_files,
+    fraction,
+    workers,
+    on_error,
+    progress,
+):
+    """Tokenizes from the checkpointed position to the end; returns the
+    split totals. Updates `state` and checkpoints it to `state_path`."""
+    sources = [train_files] + ([validation_files] if validation_files else [])
+    all_validation = [None, True] if not validation_files else [False, True]
+    sizes = [sum(os.path.getsize(f) for f in files) for files in sources]
+    position = state["position"]
+    done_before = sum(sizes[: position["source"]])
+
+    def chunks():
+        """(source, texts, end position, bytes read); texts=None marks the
+        end of a source."""
+        for source in range(position["source"], len(sources)):
+            start = (
+                ReadPosition(*position["read"])
+                if source == position["source"]
+                else None
+            )
+            reader = DocumentReader(sources[source], on_error=on_error, start=start)
+            before = sum(sizes[:source])
+            texts, chars, end = [], 0, None
+            for document in reader:
+                texts.append(document.text)
+                chars += len(document.text)
+                end = document.end
+                if chars >= CHUNK_TEXT_CHARS or len(texts) >= CHUNK_DOCUMENTS:
+                    yield source, texts, end, before + reader.bytes_read
+                    texts, chars = [], 0
+            if texts:
+                yield source, texts, end, before + reader.bytes_read
+            yield source, None, reader.skipped, before + sizes[source]
+
+    start_bytes = done_before
+    if position["source"] < len(sources):
+        file_index = position["read"][0]
+        files = sources[position["source"]]
+        start_bytes += sum(os.path.getsize(f) for f in files[:file_index])
+        start_bytes += position["read"][1] if file_index < len(files) else 0
+    report = _Progress(progress, sum(sizes), min(start_bytes, sum(sizes)))
+    tokens_done = 0
+    last_checkpoint = time.monotonic()
+    completed_before = [len(w.shards) for w in writers.values()]
+
+    def checkpoint():
+        state["splits"] = {split: writers[split].state() for split in SPLITS}
+        _write_json(state_path, state)
+
+    def consume(source, texts, end, done_bytes, result):
+        nonlocal tokens_done, last_checkpoint, completed_before
+        if texts is None:  # the end of a source
+            state["skipped_before_source"] += end
+            position["source"], position["read"] = source + 1, list(ReadPosition())
+        else:
+            tokens, lengths, is_validation = result.get()
+            mask = np.repeat(is_validation, lengths)
+            writers["train"].append(tokens[~mask], lengths[~is_validation])
+            writers["validation"].append(tokens[mask], lengths[is_validation])
+            tokens_done += tokens.size
+            position["source"], position["read"] = source, list(end)
+        completed = [len(w.shards) for w in writers.values()]
+        now = time.monotonic()
+        if completed != completed_before or now - last_checkpoint >= CHECKPOINT_SECONDS:
+            checkpoint()
+            last_checkpoint, completed_before = now, completed
+        report.update(done_bytes, tokens_done)
+
+    dtype = writers["train"].dtype
+    pool = None
+    if workers > 1:
+        # fork: workers start at once and do not re-import keras_mhf (whose
+        # package imports Keras). They only run SentencePiece, numpy and
+        # hashlib, never JAX, so JAX's warning that forking a process that
+        # uses it may deadlock (in the child, if it used JAX) does not apply.
+        methods = multiprocessing.get_all_start_methods()
+        context = multiprocessing.get_context("fork" if "fork" in methods else None)
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
+            )
+            pool = context.Pool(
+                workers,
+                initializer=_init_worker,
+                initargs=(proto, sp.bos_id(), dtype, fraction),
+            )
+    try:
+        in_flight = collections.deque()
+        for source, texts, end, done_bytes in chunks():
+            if texts is None:
+                result = None
+            elif pool is None:
+                result = _Done(
+                    _tokenize(
+                        sp, sp.bos_id(), dtype, fraction, texts, all_validation[source]
+                    )
+                )
+            else:
+                task = (texts, all_validation[source])
+                result = pool.apply_async(_tokenize_in_worker, (task,))
+            in_flight.append((source, texts, end, done_bytes, result))
+            while len(in_flight) > 2 * workers:
+                consume(*in_flight.popleft())
+        while in_flight:
+            consume(*in_flight.popleft())
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    totals = {split: writers[split].finish() for split in SPLITS}
+    report.update(sum(sizes), tokens_done, final=True)
+    return totals

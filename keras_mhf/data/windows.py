@@ -1,0 +1,286 @@
+"""Deterministic, resumable, multi-host token windows for `model.fit`.
+
+Window `i` of a run (`i = global_step * batch_size + row`) holds
+`sequence_length + 1` consecutive tokens of a split's token stream (all of
+its shards, end to end; windows may cross document and shard boundaries). Its
+start is drawn from `(seed, i)` alone: the `i`-th output of a SplitMix64
+generator keyed by the seed, modulo the number of valid starts (uniform up to
+a bias below `num_starts / 2**64`). The data of a step therefore depends only
+on the seed and the step: a run resumed at step `s` reads exactly what an
+uninterrupted run reads from step `s` on, and nothing before it. Process `p`
+of `P` reads rows `[p * b, (p + 1) * b)` of every global batch,
+`b = batch_size // P`.
+
+Numpy only, except that `window_dataset` imports `grain` to return a
+`grain.MapDataset`.
+
+Example:
+
+```python
+from keras_mhf.data import PreparedCorpus, validation_windows, window_dataset
+
+corpus = PreparedCorpus("prepared/openstax")
+train = window_dataset(corpus, "train", sequence_length=128, batch_size=32,
+                       seed=0, start_step=0, num_steps=1000)
+causal_lm.fit(train, epochs=1)
+held_out = validation_windows(corpus, sequence_length=128, count=64)
+```
+"""
+
+import os
+
+import numpy as np
+
+from keras_mhf.data.prepared_corpus import PreparedCorpus
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(z):
+    """SplitMix64's output function on a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * _MIX_1
+        z = (z ^ (z >> np.uint64(27))) * _MIX_2
+    return z ^ (z >> np.uint64(31))
+
+
+def window_starts(seed, indices, num_starts):
+    """Starts of windows `indices` for a seed: int64 in `[0, num_starts)`.
+
+    Window `i` starts at `splitmix64(key + (i + 1) * golden) % num_starts`,
+    with `key = splitmix64(seed)`: counter-based, so any window can be drawn
+    without drawing the ones before it.
+
+    Args:
+        seed: integer seed (taken modulo 2**64).
+        indices: window indices (non-negative integers).
+        num_starts: number of valid starts (`tokens - sequence_length`).
+
+    Example:
+
+    >>> window_starts(0, [0, 1, 2], 1000).shape
+    (3,)
+    """
+    if num_starts < 1:
+        raise ValueError(f"num_starts must be at least 1, got {num_starts}.")
+    key = _mix64(np.array([int(seed) % (1 << 64)], np.uint64))
+    indices = np.asarray(indices, np.int64)
+    if indices.size and indices.min() < 0:
+        raise ValueError("Window indices must be non-negative.")
+    with np.errstate(over="ignore"):
+        counters = key + (indices.astype(np.uint64) + np.uint64(1)) * _GOLDEN
+    return (_mix64(counters) % np.uint64(num_starts)).astype(np.int64)
+
+
+def _open(corpus):
+    if isinstance(corpus, PreparedCorpus):
+        return corpus
+    if isinstance(corpus, (str, os.PathLike)):
+        return PreparedCorpus(corpus)
+    raise TypeError(
+        "corpus must be a PreparedCorpus or its directory, got "
+        f"{type(corpus).__name__}."
+    )
+
+
+def _int_at_least(name, value, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+    return int(value)
+
+
+def _check_length(corpus, split, sequence_length):
+    window = sequence_length + 1
+    tokens = corpus.num_tokens(split)
+    if tokens < window:
+        raise ValueError(
+            f"The {split} split of {corpus.directory} has {tokens} tokens, fewer "
+            f"than one window of sequence_length + 1 = {window}; use a shorter "
+            "sequence_length or prepare more data."
+        )
+    return tokens
+
+
+def windows_to_features(windows):
+    """int32 `[b, L+1]` windows -> `(x, y, sample_weight)` as
+    `blocks_to_features` returns them (contiguous arrays).
+
+    Example:
+
+    ```python
+    x, y, sample_weight = windows_to_features(validation_windows(corpus, 16, 8))
+    ```
+    """
+    token_ids = np.ascontiguousarray(windows[:, :-1])
+    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+    y = np.ascontiguousarray(windows[:, 1:])
+    return x, y, np.ones(y.shape, "float32")
+
+
+class WindowSampler:
+    """The batches of one process: `sampler(step)` is the local batch of
+    global step `step` (see the module docstring for the rule).
+
+    Args:
+        corpus: a `PreparedCorpus` or its directory.
+        split: `"train"` or `"validation"`.
+        sequence_length: model sequence length `L` (windows hold `L + 1`).
+        batch_size: global batch size (all processes together).
+        seed: integer seed of the window order.
+        process_index: this process, in `[0, process_count)`.
+        process_count: number of processes that share each global batch.
+
+    Example:
+
+    ```python
+    sampler = WindowSampler(corpus, "train", 128, 32, seed=0)
+    x, y, sample_weight = sampler(step=10)
+    ```
+    """
+
+    def __init__(
+        self,
+        corpus,
+        split,
+        sequence_length,
+        batch_size,
+        seed,
+        process_index=0,
+        process_count=1,
+    ):
+        self.corpus = _open(corpus)
+        self.split = split
+        self.sequence_length = _int_at_least("sequence_length", sequence_length)
+        self.batch_size = _int_at_least("batch_size", batch_size)
+        self.process_count = _int_at_least("process_count", process_count)
+        self.process_index = _int_at_least("process_index", process_index, 0)
+        if self.process_index >= self.process_count:
+            raise ValueError(
+                f"process_index must be in [0, {self.process_count}), got "
+                f"{self.process_index}."
+            )
+        if self.batch_size % self.process_count:
+            raise ValueError(
+                f"batch_size={self.batch_size} does not divide by "
+                f"process_count={self.process_count}; use a global batch size "
+                "that is a multiple of the number of processes."
+            )
+        self.seed = int(seed)
+        tokens = _check_length(self.corpus, split, self.sequence_length)
+        self.num_starts = tokens - self.sequence_length
+        self.local_batch_size = self.batch_size // self.process_count
+
+    def window_indices(self, step):
+        """Run-wide indices of this process's windows at global `step`."""
+        first = step * self.batch_size + self.process_index * self.local_batch_size
+        return first + np.arange(self.local_batch_size, dtype=np.int64)
+
+    def starts(self, step):
+        """Token offsets of this process's windows at global `step`."""
+        return window_starts(self.seed, self.window_indices(step), self.num_starts)
+
+    def windows(self, step):
+        """int32 `[local_batch_size, sequence_length + 1]` at global `step`."""
+        starts = self.starts(int(step))
+        return self.corpus.windows(self.split, starts, self.sequence_length + 1)
+
+    def __call__(self, step):
+        return windows_to_features(self.windows(step))
+
+
+def window_dataset(
+    corpus,
+    split,
+    sequence_length,
+    batch_size,
+    seed,
+    start_step=0,
+    num_steps=None,
+    process_index=0,
+    process_count=1,
+):
+    """A `grain.MapDataset` of `num_steps` batches, from global `start_step`.
+
+    Element `k` is `(x, y, sample_weight)` for global step `start_step + k`:
+    `x = {"token_ids": int32 [b, L], "padding_mask": int32 [b, L] (ones)}`,
+    `y = int32 [b, L]` (the next tokens), `sample_weight = float32 [b, L]`
+    (ones), with `b = batch_size // process_count`. Random access: resuming
+    at step `s` is `window_dataset(..., start_step=s)`.
+
+    Args:
+        corpus: a `PreparedCorpus` or its directory.
+        split: `"train"` or `"validation"`.
+        sequence_length: model sequence length `L`.
+        batch_size: global batch size (must divide by `process_count`).
+        seed: integer seed of the window order.
+        start_step: first global step.
+        num_steps: number of steps (batches) in the dataset.
+        process_index: this process, in `[0, process_count)`.
+        process_count: processes sharing each global batch (multi-host).
+
+    Raises:
+        ValueError: the split is shorter than one window, or bad arguments.
+
+    Example:
+
+    ```python
+    dataset = window_dataset("prepared/openstax", "train", 128, 32, seed=0,
+                             start_step=resumed_step, num_steps=500)
+    causal_lm.fit(dataset, epochs=1)
+    ```
+    """
+    try:
+        import grain
+    except ImportError as error:
+        raise ImportError(
+            "window_dataset needs grain (`pip install grain`); WindowSampler "
+            "gives the same batches without it."
+        ) from error
+
+    sampler = WindowSampler(
+        corpus, split, sequence_length, batch_size, seed, process_index, process_count
+    )
+    start_step = _int_at_least("start_step", start_step, 0)
+    if num_steps is None:
+        raise ValueError("Pass num_steps, the number of batches the dataset holds.")
+    num_steps = _int_at_least("num_steps", num_steps)
+    return grain.MapDataset.range(start_step, start_step + num_steps).map(sampler)
+
+
+def validation_windows(corpus, sequence_length, count=None, split="validation"):
+    """The first `count` non-overlapping windows of a split, in order.
+
+    Window `k` is tokens `[k * (L + 1), (k + 1) * (L + 1))` of the split's
+    stream: fixed and deterministic, for evaluation.
+
+    Args:
+        corpus: a `PreparedCorpus` or its directory.
+        sequence_length: model sequence length `L`.
+        count: number of windows (`None`: all that fit); fewer are returned
+            when the split holds fewer.
+        split: `"validation"` (default) or `"train"`.
+
+    Returns:
+        int32 array `[n, sequence_length + 1]`, `n = min(count, available)`.
+
+    Example:
+
+    ```python
+    blocks = validation_windows(corpus, 128, count=64)
+    perplexity(causal_lm, blocks, batch_size=8)
+    ```
+    """
+    corpus = _open(corpus)
+    sequence_length = _int_at_least("sequence_length", sequence_length)
+    tokens = _check_length(corpus, split, sequence_length)
+    window = sequence_length + 1
+    available = tokens // window
+    count = (
+        available if count is None else min(_int_at_least("count", count), available)
+    )
+    starts = np.arange(count, dtype=np.int64) * window
+    return corpus.windows(split, starts, window)
