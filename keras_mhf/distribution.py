@@ -25,8 +25,8 @@ def check_backend():
         raise ValueError(
             f"Multi-device training needs the JAX backend; this process runs "
             f"Keras on {backend!r}. In keras 3.15 `keras.distribution` is a "
-            "silent no-op on TensorFlow (it would train on one device) and does "
-            "not exist on PyTorch. Run with KERAS_BACKEND=jax."
+            "silent no-op on TensorFlow (it would train on one device) and "
+            "does not exist on PyTorch. Run with KERAS_BACKEND=jax."
         )
 
 
@@ -36,7 +36,9 @@ def parse_mesh(mesh):
         try:
             mesh = tuple(int(p) for p in mesh.lower().split("x"))
         except ValueError as error:
-            raise ValueError(f"--mesh must look like 2x4; got {mesh!r}.") from error
+            raise ValueError(
+                f"--mesh must look like 2x4; got {mesh!r}."
+            ) from error
     mesh = tuple(mesh)
     if len(mesh) != 2 or min(mesh) < 1:
         raise ValueError(f"The mesh must be (batch, model) sizes; got {mesh}.")
@@ -55,7 +57,9 @@ def make_distribution(kind, mesh=None, devices=None):
         devices: defaults to `keras.distribution.list_devices()`.
     """
     check_backend()
-    from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
+    from keras_mhf.models.multi_hash_former_backbone import (
+        MultiHashFormerBackbone,
+    )
 
     devices = devices or keras.distribution.list_devices()
     if kind not in KINDS:
@@ -81,7 +85,9 @@ def make_distribution(kind, mesh=None, devices=None):
         (batch, model), ("batch", "model"), devices
     )
     layout_map = MultiHashFormerBackbone.get_layout_map(device_mesh)
-    return keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+    return keras.distribution.ModelParallel(
+        layout_map=layout_map, batch_dim_name="batch"
+    )
 
 
 def batch_axis_size(distribution):
@@ -96,9 +102,10 @@ def check_batch_size(batch_size, distribution):
     parts = batch_axis_size(distribution)
     if batch_size % parts:
         raise ValueError(
-            f"batch_size={batch_size} does not divide the {parts}-way batch axis "
-            f"of the device mesh. Use a multiple of {parts} (the pre-training "
-            "recipe drops no data: every step has exactly batch_size sequences)."
+            f"batch_size={batch_size} does not divide the {parts}-way batch "
+            f"axis of the device mesh. Use a multiple of {parts} (the "
+            "pre-training recipe drops no data: every step has exactly "
+            "batch_size sequences)."
         )
 
 

@@ -16,6 +16,30 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
+def next_token_scores(model, token_ids, padding_mask=None):
+    """Scores every next token of a batch: `(log_probs, is_argmax)`, both
+    `[n, s-1]`, where `log_probs[i, t] = log p(token_ids[i, t+1] |
+    token_ids[i, :t+1])` normalised over the whole vocabulary (float32) and
+    `is_argmax[i, t]` tells whether that token is the model's top choice.
+
+    The one place where evaluation calls `model.score` (MHF scores are
+    already log-probs, Standard scores are logits: a log-softmax serves both).
+    """
+    token_ids = np.asarray(token_ids, "int32")
+    if padding_mask is None:
+        padding_mask = np.ones_like(token_ids)
+    scores = np.asarray(
+        ops.convert_to_numpy(
+            model.score(token_ids, np.asarray(padding_mask, "int32"))
+        ),
+        "float32",
+    )
+    log_probs = _log_softmax(scores[:, :-1])
+    targets = token_ids[:, 1:, None]
+    picked = np.take_along_axis(log_probs, targets, -1)[..., 0]
+    return picked, log_probs.argmax(-1) == targets[..., 0]
+
+
 def token_log_likelihoods(model, token_ids, padding_mask=None, batch_size=8):
     """Log-probability of each next token: `[n, s-1]` for `[n, s]` ids.
 
@@ -25,16 +49,27 @@ def token_log_likelihoods(model, token_ids, padding_mask=None, batch_size=8):
     token_ids = np.asarray(token_ids, "int32")
     if padding_mask is None:
         padding_mask = np.ones_like(token_ids)
-    padding_mask = np.asarray(padding_mask, "int32")
     out = []
     for start in range(0, len(token_ids), batch_size):
-        ids = token_ids[start : start + batch_size]
-        mask = padding_mask[start : start + batch_size]
-        scores = np.asarray(ops.convert_to_numpy(model.score(ids, mask)), "float32")
-        # MHF scores are already log-probs; Standard scores are logits.
-        log_probs = _log_softmax(scores[:, :-1])
-        out.append(np.take_along_axis(log_probs, ids[:, 1:, None], -1)[..., 0])
+        batch = slice(start, start + batch_size)
+        out.append(
+            next_token_scores(model, token_ids[batch], padding_mask[batch])[0]
+        )
     return np.concatenate(out, 0)
+
+
+def block_scores(model, blocks, batch_size=8):
+    """Per-token NLL and top-1 hits of packed `[n, L+1]` blocks:
+    `(nll [n, L] float64, correct [n, L] bool)`."""
+    blocks = np.asarray(blocks, "int32")
+    nll, correct = [], []
+    for start in range(0, len(blocks), batch_size):
+        log_probs, is_argmax = next_token_scores(
+            model, blocks[start : start + batch_size]
+        )
+        nll.append(-log_probs)
+        correct.append(is_argmax)
+    return np.concatenate(nll).astype("float64"), np.concatenate(correct)
 
 
 def perplexity(model, blocks, batch_size=8):
@@ -44,21 +79,12 @@ def perplexity(model, blocks, batch_size=8):
         dict with `perplexity`, `loss` (mean NLL per predicted token, nats),
         `accuracy` (next-token top-1) and `tokens`.
     """
-    blocks = np.asarray(blocks, "int32")
-    nll, correct = [], []
-    for start in range(0, len(blocks), batch_size):
-        ids = blocks[start : start + batch_size]
-        scores = np.asarray(ops.convert_to_numpy(model.score(ids)), "float32")
-        log_probs = _log_softmax(scores[:, :-1])
-        targets = ids[:, 1:]
-        nll.append(-np.take_along_axis(log_probs, targets[..., None], -1)[..., 0])
-        correct.append(log_probs.argmax(-1) == targets)
-    nll = np.concatenate(nll).astype("float64")
+    nll, correct = block_scores(model, blocks, batch_size)
     loss = float(nll.mean())
     return {
         "perplexity": float(np.exp(loss)),
         "loss": loss,
-        "accuracy": float(np.concatenate(correct).mean()),
+        "accuracy": float(correct.mean()),
         "tokens": int(nll.size),
     }
 
@@ -67,7 +93,10 @@ def perplexity(model, blocks, batch_size=8):
 
 
 def _encode(tokenizer, text):
-    return [int(t) for t in np.asarray(ops.convert_to_numpy(tokenizer(text))).reshape(-1)]
+    return [
+        int(t)
+        for t in np.asarray(ops.convert_to_numpy(tokenizer(text))).reshape(-1)
+    ]
 
 
 def _pad_batch(seqs):
@@ -101,7 +130,7 @@ def encode_pair(tokenizer, context, continuation):
     bos = [tokenizer.start_token_id]
     whole = _encode(tokenizer, context + continuation)
     context_ids = _encode(tokenizer, context)
-    return bos + context_ids, whole[len(context_ids):]
+    return bos + context_ids, whole[len(context_ids) :]
 
 
 def loglikelihoods(model, tokenizer, requests, batch_size=8):
@@ -117,19 +146,23 @@ def loglikelihoods(model, tokenizer, requests, batch_size=8):
     """
     encoded = [encode_pair(tokenizer, c, x) for c, x in requests]
     results = [None] * len(encoded)
-    order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i][0]) - len(encoded[i][1]))
+    order = sorted(
+        range(len(encoded)),
+        key=lambda i: -len(encoded[i][0]) - len(encoded[i][1]),
+    )
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         ids, mask = _pad_batch([encoded[i][0] + encoded[i][1] for i in batch])
-        scores = np.asarray(ops.convert_to_numpy(model.score(ids, mask)), "float32")
-        log_probs = _log_softmax(scores)
+        log_probs, is_argmax = next_token_scores(model, ids, mask)
         for row, i in enumerate(batch):
             context, continuation = encoded[i]
-            positions = np.arange(len(context) - 1, len(context) + len(continuation) - 1)
-            target = np.asarray(continuation)
-            token_lp = log_probs[row, positions, target]
-            greedy = bool(np.all(log_probs[row, positions].argmax(-1) == target))
-            results[i] = (float(token_lp.sum()), greedy)
+            positions = np.arange(
+                len(context) - 1, len(context) + len(continuation) - 1
+            )
+            results[i] = (
+                float(log_probs[row, positions].sum()),
+                bool(np.all(is_argmax[row, positions])),
+            )
     return results
 
 
@@ -214,10 +247,20 @@ def multiple_choice(model, tokenizer, path, batch_size=8, limit=None):
         pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
         acc.append(pred == d["gold"])
         acc_norm.append(pred_norm == d["gold"])
-        examples.append({"query": d["query"], "loglikelihoods": lls.tolist(),
-                         "prediction": pred, "prediction_norm": pred_norm, "gold": d["gold"]})
-    return {"acc": float(np.mean(acc)), "acc_norm": float(np.mean(acc_norm)),
-            "examples": len(docs)}, examples
+        examples.append(
+            {
+                "query": d["query"],
+                "loglikelihoods": lls.tolist(),
+                "prediction": pred,
+                "prediction_norm": pred_norm,
+                "gold": d["gold"],
+            }
+        )
+    return {
+        "acc": float(np.mean(acc)),
+        "acc_norm": float(np.mean(acc_norm)),
+        "examples": len(docs),
+    }, examples
 
 
 def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
@@ -228,8 +271,12 @@ def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
     target_block = backbone.num_layers - 2
     finals, penultimates = [], []
     for start in range(0, len(texts), batch_size):
-        ids, mask = _pad_batch([[tokenizer.start_token_id] + _encode(tokenizer, t)
-                                for t in texts[start : start + batch_size]])
+        ids, mask = _pad_batch(
+            [
+                [tokenizer.start_token_id] + _encode(tokenizer, t)
+                for t in texts[start : start + batch_size]
+            ]
+        )
         captured = {}
 
         def intercept(x, i):
@@ -239,16 +286,23 @@ def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
 
         if target_block >= 0:
             model.score(ids, mask, layer_intercept_fn=intercept)
-        final = np.asarray(ops.convert_to_numpy(
-            backbone({"token_ids": ids, "padding_mask": mask})), "float32")
+        final = np.asarray(
+            ops.convert_to_numpy(
+                backbone({"token_ids": ids, "padding_mask": mask})
+            ),
+            "float32",
+        )
         last = mask.sum(1) - 1
         rows = np.arange(len(ids))
         finals.append(final[rows, last])
         if target_block >= 0:
             h = np.asarray(ops.convert_to_numpy(captured["h"]), "float32")
         else:  # a one-layer model: the second-to-last "layer" is the embedding
-            h = np.asarray(ops.convert_to_numpy(backbone.embed(ids)), "float32") \
-                if hasattr(backbone, "embed") else final
+            h = (
+                np.asarray(ops.convert_to_numpy(backbone.embed(ids)), "float32")
+                if hasattr(backbone, "embed")
+                else final
+            )
         penultimates.append(h[rows, last])
     return np.concatenate(finals), np.concatenate(penultimates)
 
@@ -295,11 +349,21 @@ def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
                 continue
             parts = line.rstrip("\n").split("\t")
             if len(parts) < 3:
-                raise ValueError(f"{path}:{number}: expected word1<TAB>word2<TAB>score.")
-            pairs.append((parts[0].replace("_", " "), parts[1].replace("_", " "), float(parts[2])))
+                raise ValueError(
+                    f"{path}:{number}: expected word1<TAB>word2<TAB>score."
+                )
+            pairs.append(
+                (
+                    parts[0].replace("_", " "),
+                    parts[1].replace("_", " "),
+                    float(parts[2]),
+                )
+            )
     pairs = pairs[:limit]
     words = sorted({w for p in pairs for w in p[:2]})
-    final, penultimate = last_token_hidden_states(model, tokenizer, words, batch_size)
+    final, penultimate = last_token_hidden_states(
+        model, tokenizer, words, batch_size
+    )
     index = {w: i for i, w in enumerate(words)}
 
     def cosine(a, b):
@@ -309,13 +373,21 @@ def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
     metrics, examples = {"pairs": len(pairs)}, []
     sims = {}
     for name, states in (("final", final), ("second_to_last", penultimate)):
-        sims[name] = [cosine(states[index[a]], states[index[b]]) for a, b, _ in pairs]
+        sims[name] = [
+            cosine(states[index[a]], states[index[b]]) for a, b, _ in pairs
+        ]
         metrics[f"{name}_pearson"] = pearson(sims[name], gold)
         metrics[f"{name}_spearman"] = spearman(sims[name], gold)
     for k, (a, b, score) in enumerate(pairs):
-        examples.append({"word1": a, "word2": b, "gold": score,
-                         "cosine_final": sims["final"][k],
-                         "cosine_second_to_last": sims["second_to_last"][k]})
+        examples.append(
+            {
+                "word1": a,
+                "word2": b,
+                "gold": score,
+                "cosine_final": sims["final"][k],
+                "cosine_second_to_last": sims["second_to_last"][k],
+            }
+        )
     return metrics, examples
 
 
@@ -329,12 +401,18 @@ def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
     """
     seqs, chars = [], 0
     for text in texts:
-        ids = ([tokenizer.start_token_id] + _encode(tokenizer, text))[:max_length]
+        ids = ([tokenizer.start_token_id] + _encode(tokenizer, text))[
+            :max_length
+        ]
         if len(ids) < 2:
             continue
         seqs.append(ids)
         # Characters covered by the (possibly truncated) tokens.
-        chars += len(text) if len(ids) < max_length else len(_decode(tokenizer, ids[1:]))
+        chars += (
+            len(text)
+            if len(ids) < max_length
+            else len(_decode(tokenizer, ids[1:]))
+        )
     nll, tokens = 0.0, 0
     for start in range(0, len(seqs), batch_size):
         ids, mask = _pad_batch(seqs[start : start + batch_size])
@@ -349,3 +427,89 @@ def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
         "tokens": tokens,
         "characters": chars,
     }
+
+
+def evaluate_preset(
+    preset,
+    perplexity_files=(),
+    lambada_files=(),
+    multiple_choice_files=(),
+    card660_files=(),
+    sequence_length=128,
+    max_blocks=256,
+    limit=None,
+    batch_size=8,
+    output=None,
+):
+    """Loads a MHF or Standard preset and runs the requested evaluations
+    (the engine behind `recipes/evaluate.py`).
+
+    Results are keyed `"<task>:<path as given>"`, so two files with the same
+    name in different folders stay apart. `output` gets one JSON line per
+    example (perplexity: one per block, with its NLL and accuracy).
+
+    Returns:
+        `{task_key: metrics}`.
+    """
+    import json
+
+    import keras_hub
+    import sentencepiece as spm
+
+    from keras_mhf.data import pack_documents
+    from keras_mhf.data import read_documents
+
+    model = keras_hub.models.CausalLM.from_preset(preset)
+    tokenizer = model.preprocessor.tokenizer
+    results, lines = {}, []
+
+    def record(task, path, metrics, examples):
+        results[f"{task}:{path}"] = metrics
+        lines.extend({"task": task, "file": str(path), **e} for e in examples)
+
+    for path in perplexity_files:
+        sp = spm.SentencePieceProcessor(model_proto=tokenizer.proto)
+        blocks = pack_documents(
+            read_documents(path),
+            sp.encode,
+            tokenizer.start_token_id,
+            sequence_length,
+        )[:max_blocks]
+        nll, correct = block_scores(model, blocks, batch_size)
+        metrics = {
+            "perplexity": float(np.exp(nll.mean())),
+            "loss": float(nll.mean()),
+            "accuracy": float(correct.mean()),
+            "tokens": int(nll.size),
+        }
+        examples = [
+            {
+                "block": i,
+                "loss": float(n.mean()),
+                "accuracy": float(c.mean()),
+                "tokens": int(n.size),
+            }
+            for i, (n, c) in enumerate(zip(nll, correct))
+        ]
+        record("perplexity", path, metrics, examples)
+    for path in lambada_files:
+        record(
+            "lambada", path, *lambada(model, tokenizer, path, batch_size, limit)
+        )
+    for path in multiple_choice_files:
+        record(
+            "multiple_choice",
+            path,
+            *multiple_choice(model, tokenizer, path, batch_size, limit),
+        )
+    for path in card660_files:
+        record(
+            "rare_words",
+            path,
+            *rare_word_similarity(model, tokenizer, path, batch_size, limit),
+        )
+    if output:
+        with open(output, "w") as f:
+            for line in lines:
+                f.write(json.dumps(line) + "\n")
+    return results

@@ -30,12 +30,15 @@ import sys
 import tempfile
 
 import keras
+import keras_hub
 from keras import ops
 
 
 def _next_token_log_probs(model, token_ids, padding_mask):
     """float32 `[b, V]` log-probs after the last real token."""
-    hidden = model.backbone({"token_ids": token_ids, "padding_mask": padding_mask})
+    hidden = model.backbone(
+        {"token_ids": token_ids, "padding_mask": padding_mask}
+    )
     last = ops.sum(ops.cast(padding_mask, "int32"), axis=-1) - 1
     last = ops.maximum(last, 0)
     hidden = ops.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]
@@ -46,10 +49,21 @@ def _next_token_log_probs(model, token_ids, padding_mask):
 
 
 def _greedy_generate(model, token_ids, padding_mask):
-    out = model.generate_step(
-        {"token_ids": token_ids, "padding_mask": ops.cast(padding_mask, "bool")},
-        stop_token_ids=None,
-    )
+    """Greedy generation whatever the model was compiled with: the sampler is
+    swapped only while the endpoint is traced, so the model's compile state
+    (optimizer, loss, sampler) stays exactly as it was."""
+    sampler = model.sampler
+    model.sampler = keras_hub.samplers.GreedySampler()
+    try:
+        out = model.generate_step(
+            {
+                "token_ids": token_ids,
+                "padding_mask": ops.cast(padding_mask, "bool"),
+            },
+            stop_token_ids=None,
+        )
+    finally:
+        model.sampler = sampler
     return {
         "token_ids": ops.cast(out["token_ids"], "int32"),
         "padding_mask": ops.cast(out["padding_mask"], "int32"),
@@ -65,10 +79,11 @@ def export_causal_lm(model, path, verbose=False):
         raise ValueError(f"Export is not supported on the {backend!r} backend.")
     import tensorflow as tf
 
-    model.compile(sampler="greedy")
     spec = {
         "token_ids": tf.TensorSpec([None, None], tf.int32, name="token_ids"),
-        "padding_mask": tf.TensorSpec([None, None], tf.int32, name="padding_mask"),
+        "padding_mask": tf.TensorSpec(
+            [None, None], tf.int32, name="padding_mask"
+        ),
     }
     kwargs = {}
     if backend == "jax":
@@ -85,13 +100,17 @@ def export_causal_lm(model, path, verbose=False):
         archive.track(model.hash_decoder)
     archive.add_endpoint(
         "serve",
-        lambda token_ids, padding_mask: _next_token_log_probs(model, token_ids, padding_mask),
+        lambda token_ids, padding_mask: _next_token_log_probs(
+            model, token_ids, padding_mask
+        ),
         input_signature=[spec["token_ids"], spec["padding_mask"]],
         **kwargs,
     )
     archive.add_endpoint(
         "generate",
-        lambda token_ids, padding_mask: _greedy_generate(model, token_ids, padding_mask),
+        lambda token_ids, padding_mask: _greedy_generate(
+            model, token_ids, padding_mask
+        ),
         input_signature=[spec["token_ids"], spec["padding_mask"]],
         **kwargs,
     )
@@ -106,19 +125,28 @@ def _export_via_tensorflow(model, path):
         model.save(saved)
         env = dict(os.environ, KERAS_BACKEND="tensorflow")
         done = subprocess.run(
-            [sys.executable, "-m", "keras_mhf.export", saved, os.path.abspath(path)],
-            env=env, capture_output=True, text=True,
+            [
+                sys.executable,
+                "-m",
+                "keras_mhf.export",
+                saved,
+                os.path.abspath(path),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
             raise RuntimeError(
-                "Exporting under the TensorFlow backend failed:\n" + done.stderr[-4000:]
+                "Exporting under the TensorFlow backend failed:\n"
+                + done.stderr[-4000:]
             )
     return path
 
 
 def _main(argv):
-    import keras_mhf  # noqa: F401 (registers the classes)
-
+    # Run as `python -m keras_mhf.export`: importing the package registered
+    # the keras_mhf classes before this module ran.
     model = keras.saving.load_model(argv[0])
     export_causal_lm(model, argv[1])
 

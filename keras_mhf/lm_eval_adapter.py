@@ -36,7 +36,9 @@ class KerasMHFLM(LM):
         max_gen_toks: default cap on generated tokens.
     """
 
-    def __init__(self, preset, batch_size=8, max_length=512, max_gen_toks=64, **kwargs):
+    def __init__(
+        self, preset, batch_size=8, max_length=512, max_gen_toks=64, **kwargs
+    ):
         super().__init__()
         import keras_hub
 
@@ -51,7 +53,9 @@ class KerasMHFLM(LM):
 
     def loglikelihood(self, requests, disable_tqdm=False):
         pairs = [tuple(r.args) for r in requests]
-        return evaluation.loglikelihoods(self.model, self.tokenizer, pairs, self.batch_size)
+        return evaluation.loglikelihoods(
+            self.model, self.tokenizer, pairs, self.batch_size
+        )
 
     def loglikelihood_rolling(self, requests, disable_tqdm=False):
         results = []
@@ -63,14 +67,18 @@ class KerasMHFLM(LM):
             windows = map(
                 make_disjoint_window,
                 get_rolling_token_windows(
-                    token_list=tokens, prefix_token=bos,
-                    max_seq_len=self.max_length, context_len=1,
+                    token_list=tokens,
+                    prefix_token=bos,
+                    max_seq_len=self.max_length,
+                    context_len=1,
                 ),
             )
             for context, target in windows:
                 ids = np.array([context + target], "int32")
-                lls = evaluation.token_log_likelihoods(self.model, ids, batch_size=1)[0]
-                total += float(lls[-len(target):].sum())
+                lls = evaluation.token_log_likelihoods(
+                    self.model, ids, batch_size=1
+                )[0]
+                total += float(lls[-len(target) :].sum())
             results.append(total)
         return results
 

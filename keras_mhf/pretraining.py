@@ -1,13 +1,19 @@
 """Pre-training with `model.fit`: the engine behind `recipes/pretrain.py`.
 
-The run is cut into chunks of `checkpoint_every` optimizer steps. Each chunk
-is one `fit` call on a deterministic slice of the data order; after each
-chunk the weights and optimizer state are saved with the step count, so a
-run killed at any point resumes from its last checkpoint and ends with the
-same weights as an uninterrupted run.
+`pretrain` runs named steps: `load_data` (tokenizer and token blocks),
+`build_run_model` (model and optimizer), `resume` (the last checkpoint, if
+any), then, for each chunk of `checkpoint_every` optimizer steps,
+`train_chunk` (one `fit` call on a deterministic slice of the data order),
+`write_log_row` and `save_checkpoint`, and finally `finish` (preset,
+summary, plot). A run killed at any point resumes from its last checkpoint
+and ends with the same weights as an uninterrupted run. Process-wide Keras
+state that a run needs (a distribution, a dtype policy) is set for the run
+only and restored afterwards.
 """
 
+import contextlib
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -21,6 +27,23 @@ from keras_mhf.data import blocks_to_features
 from keras_mhf.data import pack_documents
 from keras_mhf.data import read_documents
 from keras_mhf.evaluation import perplexity
+from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
+from keras_mhf.models.multi_hash_former_tokenizer import (
+    MultiHashFormerTokenizer,
+)
+from keras_mhf.models.standard_causal_lm import standard_causal_lm
+from keras_mhf.utils.keras_utils import count_trainable_parameters
+
+LOG_FIELDS = [
+    "step",
+    "tokens",
+    "train_loss",
+    "val_loss",
+    "val_perplexity",
+    "val_accuracy",
+    "learning_rate",
+    "seconds",
+]
 
 
 def train_sentencepiece(documents, vocabulary_size, path):
@@ -44,9 +67,9 @@ def train_sentencepiece(documents, vocabulary_size, path):
     except RuntimeError as error:
         if "required_chars" in str(error):
             raise ValueError(
-                f"vocabulary_size={vocabulary_size} is too small for this text: "
-                "byte fallback needs 256 byte pieces plus one piece per frequent "
-                f"character ({error}). Use a larger vocabulary_size."
+                f"vocabulary_size={vocabulary_size} is too small for this "
+                "text: byte fallback needs 256 byte pieces plus one piece per "
+                f"frequent character ({error}). Use a larger vocabulary_size."
             ) from error
         raise
     with open(path, "wb") as f:
@@ -77,19 +100,27 @@ def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):
     return optimizer
 
 
-def build_model(kind, tokenizer, architecture, sequence_length, extra_layers=0,
-                signature_rule="unique"):
-    from keras_mhf.models import MultiHashFormerCausalLM
-    from keras_mhf.models import standard_causal_lm
-
+def build_model(
+    kind,
+    tokenizer,
+    architecture,
+    sequence_length,
+    extra_layers=0,
+    signature_rule="unique",
+):
+    """A new MHF (`kind="mhf"`) or Standard (`"standard"`) causal LM."""
     if kind == "mhf":
         return MultiHashFormerCausalLM.from_tokenizer(
-            tokenizer, architecture, sequence_length=sequence_length,
+            tokenizer,
+            architecture,
+            sequence_length=sequence_length,
             signature_rule=signature_rule,
         )
     if kind == "standard":
         return standard_causal_lm(
-            tokenizer, architecture, extra_layers=extra_layers,
+            tokenizer,
+            architecture,
+            extra_layers=extra_layers,
             sequence_length=sequence_length,
         )
     raise ValueError(f"--model must be 'mhf' or 'standard'; got {kind!r}.")
@@ -102,8 +133,13 @@ def fit_blocks(lm, blocks, batch_size, verbose=1):
     lm.preprocessor = None  # the blocks are already token ids
     try:
         return lm.fit(
-            x, y, sample_weight=sample_weight, batch_size=batch_size,
-            epochs=1, shuffle=False, verbose=verbose,
+            x,
+            y,
+            sample_weight=sample_weight,
+            batch_size=batch_size,
+            epochs=1,
+            shuffle=False,
+            verbose=verbose,
         )
     finally:
         lm.preprocessor = preprocessor
@@ -118,208 +154,326 @@ def data_order(num_blocks, total_samples, seed):
     ]
 
 
-def pretrain(
-    data,
-    output_dir,
-    tokenizer=None,
-    vocabulary_size=4000,
-    model="mhf",
-    architecture="mini_h4b1024",
-    extra_layers=0,
-    signature_rule="unique",
-    sequence_length=128,
-    batch_size=8,
-    steps=300,
-    learning_rate=2e-3,
-    warmup_steps=30,
-    weight_decay=0.1,
-    validation_data=None,
-    validation_fraction=0.05,
-    validation_blocks=64,
-    checkpoint_every=50,
-    max_tokens=None,
-    mixed_precision=False,
-    seed=0,
-    distribution=None,
-    mesh=None,
-    stop_after_chunks=None,
-    verbose=1,
-):
+@dataclasses.dataclass
+class RunConfig:
+    """The settings of one pre-training run (see `pretrain` for each)."""
+
+    data: object
+    output_dir: str
+    tokenizer: str = None
+    vocabulary_size: int = 4000
+    model: str = "mhf"
+    architecture: str = "mini_h4b1024"
+    extra_layers: int = 0
+    signature_rule: str = "unique"
+    sequence_length: int = 128
+    batch_size: int = 8
+    steps: int = 300
+    learning_rate: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    validation_data: object = None
+    validation_fraction: float = 0.05
+    validation_blocks: int = 64
+    checkpoint_every: int = 50
+    max_tokens: int = None
+    mixed_precision: bool = False
+    seed: int = 0
+    distribution: str = None
+    mesh: object = None
+    verbose: int = 1
+
+    @property
+    def chunks(self):
+        return math.ceil(self.steps / self.checkpoint_every)
+
+    def path(self, name):
+        return os.path.join(self.output_dir, name)
+
+
+@dataclasses.dataclass
+class RunData:
+    """What `load_data` produces: the tokenizer and the packed blocks."""
+
+    tokenizer_path: str
+    tokenizer: MultiHashFormerTokenizer
+    train_blocks: np.ndarray
+    validation_blocks: np.ndarray
+
+
+@contextlib.contextmanager
+def run_scope(config):
+    """Sets the process-wide Keras state the run needs (a distribution for
+    `config.distribution`, the `mixed_bfloat16` policy for
+    `config.mixed_precision`) and restores the previous state afterwards."""
+    previous_policy = keras.config.dtype_policy()
+    previous_distribution = keras.distribution.distribution()
+    try:
+        if config.distribution is not None:
+            from keras_mhf.distribution import check_batch_size
+            from keras_mhf.distribution import make_distribution
+
+            strategy = make_distribution(config.distribution, config.mesh)
+            check_batch_size(config.batch_size, strategy)
+            keras.distribution.set_distribution(strategy)
+        if config.mixed_precision:
+            keras.config.set_dtype_policy("mixed_bfloat16")
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+        if config.distribution is not None:
+            keras.distribution.set_distribution(previous_distribution)
+
+
+def load_data(config):
+    """Step "data": reads the documents, trains or opens the tokenizer and
+    packs training and validation blocks of `sequence_length + 1` tokens."""
+    import sentencepiece as spm
+
+    documents = list(read_documents(config.data))
+    if config.validation_data is not None:
+        train_documents = documents
+        validation_documents = list(read_documents(config.validation_data))
+    else:
+        if len(documents) < 2:
+            raise ValueError("Need at least two documents to hold one out.")
+        held_out = max(1, int(len(documents) * config.validation_fraction))
+        train_documents = documents[:-held_out]
+        validation_documents = documents[-held_out:]
+    if config.tokenizer is None:
+        tokenizer_path = config.path("tokenizer.model")
+        if not os.path.exists(tokenizer_path):
+            train_sentencepiece(
+                train_documents, config.vocabulary_size, tokenizer_path
+            )
+    else:
+        tokenizer_path = config.tokenizer
+    tokenizer = MultiHashFormerTokenizer(tokenizer_path)
+    sp = spm.SentencePieceProcessor(model_file=tokenizer_path)
+    bos = tokenizer.start_token_id
+    train_blocks = pack_documents(
+        train_documents,
+        sp.encode,
+        bos,
+        config.sequence_length,
+        config.max_tokens,
+    )
+    validation_blocks = pack_documents(
+        validation_documents, sp.encode, bos, config.sequence_length
+    )[: config.validation_blocks]
+    return RunData(tokenizer_path, tokenizer, train_blocks, validation_blocks)
+
+
+def build_run_model(config, tokenizer):
+    """Step "model": the seeded model, compiled with the run's optimizer."""
+    keras.utils.set_random_seed(config.seed)
+    lm = build_model(
+        config.model,
+        tokenizer,
+        config.architecture,
+        config.sequence_length,
+        config.extra_layers,
+        config.signature_rule,
+    )
+    optimizer = make_optimizer(
+        config.learning_rate,
+        config.steps,
+        config.warmup_steps,
+        config.weight_decay,
+    )
+    lm.compile(optimizer=optimizer)
+    return lm
+
+
+def resume(config, lm):
+    """Step "resume": loads the last checkpoint of `config.output_dir` into
+    `lm` and returns the first chunk still to run (0 for a new run)."""
+    checkpoint = config.path("checkpoint.weights.h5")
+    state_path = config.path("checkpoint.json")
+    if not (os.path.exists(state_path) and os.path.exists(checkpoint)):
+        if os.path.exists(config.path("log.csv")):
+            os.remove(config.path("log.csv"))
+        return 0
+    with open(state_path) as f:
+        state = json.load(f)
+    if (
+        state.get("steps") != config.steps
+        or state.get("batch_size") != config.batch_size
+    ):
+        raise ValueError(
+            f"{config.output_dir} holds a checkpoint of a run with different "
+            f"steps/batch_size ({state}); use a new output directory."
+        )
+    lm.optimizer.build(lm.trainable_variables)
+    lm.load_weights(checkpoint)
+    if config.verbose:
+        print(f"Resuming from step {state['step']} ({checkpoint}).")
+    return state["chunk"]
+
+
+def chunk_steps(config, chunk):
+    """The optimizer steps `(first, last]` of a chunk."""
+    first = chunk * config.checkpoint_every
+    return first, min(config.steps, first + config.checkpoint_every)
+
+
+def train_chunk(config, lm, data, order, chunk):
+    """Step "one chunk": one `fit` call over the chunk's slice of the data
+    order; returns the training history."""
+    first, last = chunk_steps(config, chunk)
+    if config.verbose:
+        print(f"Steps {first + 1}-{last} of {config.steps}")
+    indices = order[first * config.batch_size : last * config.batch_size]
+    return fit_blocks(
+        lm, data.train_blocks[indices], config.batch_size, config.verbose
+    )
+
+
+def write_log_row(config, lm, data, history, chunk, started):
+    """Step "log": scores validation perplexity and appends a row to
+    `log.csv`; returns the row."""
+    _, last = chunk_steps(config, chunk)
+    metrics = perplexity(lm, data.validation_blocks, config.batch_size)
+    row = {
+        "step": last,
+        "tokens": last * config.batch_size * config.sequence_length,
+        "train_loss": history.history["loss"][-1],
+        "val_loss": metrics["loss"],
+        "val_perplexity": metrics["perplexity"],
+        "val_accuracy": metrics["accuracy"],
+        "learning_rate": float(
+            keras.ops.convert_to_numpy(lm.optimizer.learning_rate)
+        ),
+        "seconds": round(time.time() - started, 1),
+    }
+    log_path = config.path("log.csv")
+    new_file = not os.path.exists(log_path)
+    with open(log_path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=LOG_FIELDS)
+        if new_file:
+            writer.writeheader()
+        writer.writerow(row)
+    if config.verbose:
+        print(
+            f"step {last}: train loss {row['train_loss']:.3f}, validation "
+            f"perplexity {row['val_perplexity']:.2f} (over the real vocabulary)"
+        )
+    return row
+
+
+def save_checkpoint(config, lm, chunk):
+    """Saves weights and optimizer state, and the chunk count."""
+    _, last = chunk_steps(config, chunk)
+    lm.save_weights(config.path("checkpoint.weights.h5"))
+    with open(config.path("checkpoint.json"), "w") as f:
+        json.dump(
+            {
+                "chunk": chunk + 1,
+                "step": last,
+                "steps": config.steps,
+                "batch_size": config.batch_size,
+            },
+            f,
+        )
+
+
+def finish(config, lm, data):
+    """Writes the preset, `summary.json` and `loss.png` of a finished run
+    and returns the summary (without them for an unfinished one)."""
+    state_path = config.path("checkpoint.json")
+    finished = False
+    if os.path.exists(state_path):
+        with open(state_path) as f:
+            finished = json.load(f)["chunk"] >= config.chunks
+    summary = {
+        "model": config.model,
+        "architecture": config.architecture,
+        "parameters": count_trainable_parameters(lm),
+        "train_tokens_available": int(data.train_blocks.size),
+        "steps": config.steps,
+        "finished": finished,
+        "tokenizer": os.path.abspath(data.tokenizer_path),
+        "log": os.path.abspath(config.path("log.csv")),
+    }
+    if finished:
+        preset = config.path("preset")
+        lm.save_to_preset(preset)
+        summary["preset"] = os.path.abspath(preset)
+        summary["validation"] = perplexity(
+            lm, data.validation_blocks, config.batch_size
+        )
+        plot = plot_log(config.path("log.csv"), config.path("loss.png"))
+        if plot:
+            summary["plot"] = os.path.abspath(plot)
+        with open(config.path("summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+    return summary
+
+
+def pretrain(data, output_dir, stop_after_chunks=None, **settings):
     """Trains a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
     Args:
         data: a `.txt`/`.jsonl` file, a directory of them, or a list.
         output_dir: where the tokenizer, checkpoints, `log.csv`, `loss.png`,
             `summary.json` and the final preset (`preset/`) go.
-        tokenizer: path to a SentencePiece `.model`; if `None`, one with
-            `vocabulary_size` pieces is trained on the training text.
-        vocabulary_size: pieces of the tokenizer trained when `tokenizer` is
-            `None`.
-        model: `"mhf"` or `"standard"`.
-        architecture: e.g. `"mini_h4b1024"` (see `architecture_names()`).
-        extra_layers: Standard+kL.
-        signature_rule: MHF signature rule (`"unique"`, `"reference"`, or
-            `"repeated"` for the single-ID ablation).
-        sequence_length: tokens per packed training sequence.
-        batch_size: sequences per step.
-        steps: optimizer steps.
-        learning_rate: peak learning rate.
-        warmup_steps: linear warmup steps.
-        weight_decay: AdamW decay (not applied to norms and biases).
-        validation_data: held-out file/directory; if `None`, the last
-            `validation_fraction` of the documents is held out.
-        validation_fraction: see above.
-        validation_blocks: at most this many held-out blocks are scored.
-        checkpoint_every: steps per chunk: validation, log line and
-            checkpoint after each chunk.
-        max_tokens: cap on training tokens read.
-        mixed_precision: train under `mixed_bfloat16`.
-        seed: seeds the weights and the data order.
-        distribution: `None`, `"data"` or `"model"`: train over all devices
-            with `keras.distribution` (JAX backend only; other backends are
-            refused with a clear error instead of silently using one device).
-        mesh: `(batch, model)` sizes or `"2x4"` for the distribution.
         stop_after_chunks: stop (as if killed) after this many chunks of
             this call; for testing resumption.
-        verbose: Keras progress bar verbosity.
+        **settings: the fields of `RunConfig`:
+            `tokenizer` (path to a SentencePiece `.model`; if `None`, one with
+            `vocabulary_size` pieces is trained on the training text),
+            `model` (`"mhf"` or `"standard"`), `architecture` (e.g.
+            `"mini_h4b1024"`), `extra_layers` (Standard+kL),
+            `signature_rule` (`"unique"`, `"reference"`, or `"repeated"` for
+            the single-ID ablation), `sequence_length`, `batch_size`,
+            `steps` (optimizer steps), `learning_rate` (peak),
+            `warmup_steps`, `weight_decay` (not on norms and biases),
+            `validation_data` (held-out file/directory; if `None`, the last
+            `validation_fraction` of the documents), `validation_blocks` (at
+            most this many held-out blocks are scored), `checkpoint_every`
+            (steps per chunk: validation, log line and checkpoint after each),
+            `max_tokens` (cap on training tokens), `mixed_precision`
+            (`mixed_bfloat16` for this run), `seed` (seeds Keras' global
+            random state, the weights and the data order), `distribution`
+            (`None`, `"data"` or `"model"`: all devices with
+            `keras.distribution`, JAX only; other backends are refused),
+            `mesh` (`(batch, model)` sizes or `"2x4"`) and `verbose`.
 
     Returns:
-        dict summary (also written to `summary.json`).
-    """
-    from keras_mhf.models import MultiHashFormerTokenizer
+        `(lm, summary)`: the trained model and the summary dict (also
+        written to `summary.json` when the run finished).
 
-    if distribution is not None:
-        from keras_mhf.distribution import check_batch_size
-        from keras_mhf.distribution import make_distribution
+    Example:
 
-        strategy = make_distribution(distribution, mesh)
-        check_batch_size(batch_size, strategy)
-        keras.distribution.set_distribution(strategy)
-    os.makedirs(output_dir, exist_ok=True)
-    if mixed_precision:
-        keras.config.set_dtype_policy("mixed_bfloat16")
-    documents = list(read_documents(data))
-    if validation_data is not None:
-        train_documents = documents
-        validation_documents = list(read_documents(validation_data))
-    else:
-        held_out = max(1, int(len(documents) * validation_fraction))
-        if len(documents) < 2:
-            raise ValueError("Need at least two documents to hold one out.")
-        train_documents = documents[:-held_out]
-        validation_documents = documents[-held_out:]
-
-    if tokenizer is None:
-        tokenizer_path = os.path.join(output_dir, "tokenizer.model")
-        if not os.path.exists(tokenizer_path):
-            train_sentencepiece(train_documents, vocabulary_size, tokenizer_path)
-    else:
-        tokenizer_path = tokenizer
-    tokenizer = MultiHashFormerTokenizer(tokenizer_path)
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=tokenizer_path)
-    bos = tokenizer.start_token_id
-    train_blocks = pack_documents(
-        train_documents, sp.encode, bos, sequence_length, max_tokens
+    ```python
+    lm, summary = keras_mhf.pretraining.pretrain(
+        "corpus.txt", "runs/mhf", architecture="tiny_h3b512", steps=100
     )
-    validation_blocks = pack_documents(
-        validation_documents, sp.encode, bos, sequence_length
-    )[:validation_blocks]
-
-    keras.utils.set_random_seed(seed)
-    lm = build_model(model, tokenizer, architecture, sequence_length, extra_layers,
-                     signature_rule)
-    optimizer = make_optimizer(learning_rate, steps, warmup_steps, weight_decay)
-    lm.compile(optimizer=optimizer, loss=lm.loss if model == "standard" else "auto")
-
-    order = data_order(len(train_blocks), steps * batch_size, seed)
-    chunks = math.ceil(steps / checkpoint_every)
-    checkpoint = os.path.join(output_dir, "checkpoint.weights.h5")
-    state_path = os.path.join(output_dir, "checkpoint.json")
-    log_path = os.path.join(output_dir, "log.csv")
-    start_chunk = 0
-    if os.path.exists(state_path) and os.path.exists(checkpoint):
-        with open(state_path) as f:
-            state = json.load(f)
-        if state.get("steps") != steps or state.get("batch_size") != batch_size:
-            raise ValueError(
-                f"{output_dir} holds a checkpoint of a run with different "
-                f"steps/batch_size ({state}); use a new output directory."
-            )
-        optimizer.build(lm.trainable_variables)
-        lm.load_weights(checkpoint)
-        start_chunk = state["chunk"]
-        if verbose:
-            print(f"Resuming from step {state['step']} ({checkpoint}).")
-    elif os.path.exists(log_path):
-        os.remove(log_path)
-
-    started = time.time()
-    fields = ["step", "tokens", "train_loss", "val_loss", "val_perplexity",
-              "val_accuracy", "learning_rate", "seconds"]
-    for chunk in range(start_chunk, chunks):
-        if stop_after_chunks is not None and chunk - start_chunk >= stop_after_chunks:
-            break
-        first = chunk * checkpoint_every
-        last = min(steps, first + checkpoint_every)
-        if verbose:
-            print(f"Steps {first + 1}-{last} of {steps}")
-        history = fit_blocks(
-            lm, train_blocks[order[first * batch_size : last * batch_size]],
-            batch_size, verbose,
+    ```
+    """
+    config = RunConfig(data=data, output_dir=output_dir, **settings)
+    with run_scope(config):
+        os.makedirs(config.output_dir, exist_ok=True)
+        run_data = load_data(config)
+        lm = build_run_model(config, run_data.tokenizer)
+        order = data_order(
+            len(run_data.train_blocks),
+            config.steps * config.batch_size,
+            config.seed,
         )
-        metrics = perplexity(lm, validation_blocks, batch_size)
-        row = {
-            "step": last,
-            "tokens": last * batch_size * sequence_length,
-            "train_loss": history.history["loss"][-1],
-            "val_loss": metrics["loss"],
-            "val_perplexity": metrics["perplexity"],
-            "val_accuracy": metrics["accuracy"],
-            "learning_rate": float(keras.ops.convert_to_numpy(
-                optimizer.learning_rate)),
-            "seconds": round(time.time() - started, 1),
-        }
-        new_file = not os.path.exists(log_path)
-        with open(log_path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=fields)
-            if new_file:
-                writer.writeheader()
-            writer.writerow(row)
-        if verbose:
-            print(
-                f"step {last}: train loss {row['train_loss']:.3f}, validation "
-                f"perplexity {row['val_perplexity']:.2f} (over the real vocabulary)"
-            )
-        lm.save_weights(checkpoint)
-        with open(state_path, "w") as f:
-            json.dump({"chunk": chunk + 1, "step": last, "steps": steps,
-                       "batch_size": batch_size}, f)
-
-    finished = os.path.exists(state_path) and json.load(open(state_path))["chunk"] >= chunks
-    summary = {
-        "model": model,
-        "architecture": architecture,
-        "parameters": int(sum(np.prod(v.shape) for v in lm.trainable_weights)),
-        "train_tokens_available": int(train_blocks.size),
-        "steps": steps,
-        "finished": finished,
-        "tokenizer": os.path.abspath(tokenizer_path),
-        "log": os.path.abspath(log_path),
-    }
-    if finished:
-        preset = os.path.join(output_dir, "preset")
-        lm.save_to_preset(preset)
-        summary["preset"] = os.path.abspath(preset)
-        summary["validation"] = perplexity(lm, validation_blocks, batch_size)
-        plot = plot_log(log_path, os.path.join(output_dir, "loss.png"))
-        if plot:
-            summary["plot"] = os.path.abspath(plot)
-        with open(os.path.join(output_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
-    summary["model_object"] = lm
-    return summary
+        start_chunk = resume(config, lm)
+        started = time.time()
+        for chunk in range(start_chunk, config.chunks):
+            if (
+                stop_after_chunks is not None
+                and chunk - start_chunk >= stop_after_chunks
+            ):
+                break
+            history = train_chunk(config, lm, run_data, order, chunk)
+            write_log_row(config, lm, run_data, history, chunk, started)
+            save_checkpoint(config, lm, chunk)
+        summary = finish(config, lm, run_data)
+    return lm, summary
 
 
 def plot_log(log_path, png_path):
@@ -337,8 +491,18 @@ def plot_log(log_path, png_path):
         return None
     tokens = [int(r["tokens"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(tokens, [float(r["train_loss"]) for r in rows], "o-", label="train loss (model objective)")
-    ax.plot(tokens, [float(r["val_loss"]) for r in rows], "s-", label="validation NLL per token")
+    ax.plot(
+        tokens,
+        [float(r["train_loss"]) for r in rows],
+        "o-",
+        label="train loss (model objective)",
+    )
+    ax.plot(
+        tokens,
+        [float(r["val_loss"]) for r in rows],
+        "s-",
+        label="validation NLL per token",
+    )
     ax.set_xlabel("training tokens")
     ax.set_ylabel("nats")
     ax.legend()

@@ -22,7 +22,7 @@ class SignatureTable:
     when a token's full signature is already taken, the last head is re-hashed
     with seed `H - 1 + r`, `r = 1, 2, ...`, until it is free.
 
-    Two collision rules:
+    Three collision rules:
 
     - `"unique"` (default): "taken" means any earlier token has that full
       signature. Signatures are guaranteed unique, and a configuration that
@@ -42,8 +42,8 @@ class SignatureTable:
         signatures: int array `[V, H]`, row `v` is token `v`'s signature.
         num_buckets: int, `B`, buckets per head including the reserved 0.
         pad_token_id: int or `None`, the token whose signature is all zeros.
-        rule: `"unique"` or `"reference"`, the rule used to build (and later
-            expand) the table.
+        rule: `"unique"`, `"reference"` or `"repeated"`, the rule used to
+            build (and later expand) the table.
         tokens: optional list of the `V` token strings the table was built
             from.
 
@@ -60,20 +60,34 @@ class SignatureTable:
     """
 
     def __init__(
-        self, signatures, num_buckets, pad_token_id=None, rule="unique", tokens=None
+        self,
+        signatures,
+        num_buckets,
+        pad_token_id=None,
+        rule="unique",
+        tokens=None,
     ):
         signatures = np.asarray(signatures)
-        if signatures.ndim != 2 or signatures.shape[0] < 1 or signatures.shape[1] < 1:
+        if (
+            signatures.ndim != 2
+            or signatures.shape[0] < 1
+            or signatures.shape[1] < 1
+        ):
             raise ValueError(
                 "`signatures` must be a non-empty int array of shape "
                 f"[vocabulary_size, num_hashes]; got shape {signatures.shape}."
             )
         if not np.issubdtype(signatures.dtype, np.integer):
             raise ValueError(
-                f"`signatures` must hold integers; got dtype {signatures.dtype}."
+                "`signatures` must hold integers; got dtype "
+                f"{signatures.dtype}."
             )
         _check_hyperparameters(
-            signatures.shape[0], signatures.shape[1], num_buckets, pad_token_id, rule
+            signatures.shape[0],
+            signatures.shape[1],
+            num_buckets,
+            pad_token_id,
+            rule,
         )
         if signatures.min() < 0 or signatures.max() >= num_buckets:
             raise ValueError(
@@ -83,7 +97,8 @@ class SignatureTable:
             )
         if tokens is not None and len(tokens) != signatures.shape[0]:
             raise ValueError(
-                f"Got {len(tokens)} tokens for a table of {signatures.shape[0]} rows."
+                f"Got {len(tokens)} tokens for a table of "
+                f"{signatures.shape[0]} rows."
             )
         self.signatures = signatures.astype("int32")
         self.num_buckets = int(num_buckets)
@@ -104,7 +119,7 @@ class SignatureTable:
             num_hashes: int, `H >= 1`.
             num_buckets: int, `B >= 2` (bucket 0 included).
             pad_token_id: int or `None`; this token gets signature `(0,...,0)`.
-            rule: `"unique"` or `"reference"`.
+            rule: `"unique"`, `"reference"` or `"repeated"`.
 
         Returns:
             A `SignatureTable`.
@@ -114,7 +129,9 @@ class SignatureTable:
                 (rule `"unique"`) a capacity that cannot hold the vocabulary.
         """
         tokens = _check_tokens(tokens)
-        _check_hyperparameters(len(tokens), num_hashes, num_buckets, pad_token_id, rule)
+        _check_hyperparameters(
+            len(tokens), num_hashes, num_buckets, pad_token_id, rule
+        )
         table = cls.__new__(cls)
         table.signatures = np.zeros((0, num_hashes), "int32")
         table.num_buckets = int(num_buckets)
@@ -139,8 +156,8 @@ class SignatureTable:
                 )
         else:
             raise ValueError(
-                "This table was created without its token strings, so new tokens "
-                "cannot be checked against old ones. Build it with "
+                "This table was created without its token strings, so new "
+                "tokens cannot be checked against old ones. Build it with "
                 "`SignatureTable.from_tokens` (or pass `tokens=`) to expand it."
             )
         _check_capacity(
@@ -151,7 +168,11 @@ class SignatureTable:
             self.rule,
         )
         expanded = SignatureTable(
-            self.signatures, self.num_buckets, self.pad_token_id, self.rule, self.tokens
+            self.signatures,
+            self.num_buckets,
+            self.pad_token_id,
+            self.rule,
+            self.tokens,
         )
         return expanded._append(new_tokens)
 
@@ -164,7 +185,11 @@ class SignatureTable:
         last = num_hashes - 1
         old_size = self.signatures.shape[0]
         _check_capacity(
-            old_size + len(new_tokens), num_hashes, num_buckets, self.pad_token_id, self.rule
+            old_size + len(new_tokens),
+            num_hashes,
+            num_buckets,
+            self.pad_token_id,
+            self.rule,
         )
         # Rebuild the collision state from the existing rows (id order), exactly
         # as it stood after processing them.
@@ -173,8 +198,9 @@ class SignatureTable:
             row = tuple(int(b) for b in self.signatures[v])
             self._remember(state, row[:last], row[last], v == self.pad_token_id)
         out = np.zeros((len(new_tokens), num_hashes), "int64")
-        # Keyword arguments on purpose: mmh3 5.3 reads positional `x64arch`/`signed`
-        # differently, which silently gives the signed variant.
+        # Keyword arguments on purpose: mmh3 5.3 reads positional
+        # `x64arch`/`signed` differently, which silently gives the signed
+        # variant.
         hash128 = mmh3.hash128
         for k, token in enumerate(new_tokens):
             token_id = old_size + k
@@ -182,34 +208,43 @@ class SignatureTable:
                 self._remember(state, (0,) * last, 0, True)
                 continue
             prefix = tuple(
-                hash128(token, seed=seed, x64arch=True, signed=False) % real + 1 for seed in range(last)
+                hash128(token, seed=seed, x64arch=True, signed=False) % real + 1
+                for seed in range(last)
             )
-            bucket = hash128(token, seed=last, x64arch=True, signed=False) % real + 1
+            bucket = (
+                hash128(token, seed=last, x64arch=True, signed=False) % real + 1
+            )
             taken = state.get(prefix)
             if taken is not None:
                 if self.rule == "unique" and len(taken) >= real:
                     raise ValueError(
                         f"Cannot give token {token!r} (id {token_id}) a unique "
-                        f"signature: all {real} last-head buckets under its prefix "
-                        f"{prefix} are taken. Increase num_buckets or num_hashes, "
-                        "or use rule='reference'."
+                        f"signature: all {real} last-head buckets under its "
+                        f"prefix {prefix} are taken. Increase num_buckets or "
+                        "num_hashes, or use rule='reference'."
                     )
                 retry = 0
                 while bucket in taken:
                     retry += 1
                     if retry > 1000 * real:
                         raise ValueError(
-                            f"Re-hashing token {token!r} (id {token_id}) found no "
-                            f"free last-head bucket in {retry - 1} tries. Increase "
-                            "num_buckets or num_hashes."
+                            f"Re-hashing token {token!r} (id {token_id}) found "
+                            f"no free last-head bucket in {retry - 1} tries. "
+                            "Increase num_buckets or num_hashes."
                         )
-                    bucket = hash128(
-                        token, seed=last + retry, x64arch=True, signed=False
-                    ) % real + 1
+                    bucket = (
+                        hash128(
+                            token, seed=last + retry, x64arch=True, signed=False
+                        )
+                        % real
+                        + 1
+                    )
             self._remember(state, prefix, bucket, False)
             out[k, :last] = prefix
             out[k, last] = bucket
-        self.signatures = np.concatenate([self.signatures, out.astype("int32")], 0)
+        self.signatures = np.concatenate(
+            [self.signatures, out.astype("int32")], 0
+        )
         self.tokens = list(self.tokens) + list(new_tokens)
         return self
 
@@ -252,7 +287,8 @@ class SignatureTable:
 
     @property
     def fingerprint(self):
-        """sha256 of the table (shape, B and the int32 rows), stable across runs."""
+        """sha256 of the table (shape, B and the int32 rows), stable across
+        runs."""
         digest = hashlib.sha256()
         digest.update(
             f"{self.vocabulary_size}x{self.num_hashes}/B{self.num_buckets}".encode()
@@ -317,12 +353,14 @@ def _check_tokens(tokens):
         raise ValueError("Pass a list of token strings, not a single string.")
     tokens = list(tokens)
     if not tokens:
-        raise ValueError("The vocabulary is empty: pass at least one token string.")
+        raise ValueError(
+            "The vocabulary is empty: pass at least one token string."
+        )
     for t in tokens:
         if not isinstance(t, str):
             raise ValueError(
-                f"Token {t!r} is a {type(t).__name__}; every token must be a str "
-                "(decode bytes as UTF-8 first)."
+                f"Token {t!r} is a {type(t).__name__}; every token must be a "
+                "str (decode bytes as UTF-8 first)."
             )
     if len(set(tokens)) != len(tokens):
         seen, dupes = set(), []
@@ -331,15 +369,19 @@ def _check_tokens(tokens):
                 dupes.append(t)
             seen.add(t)
         raise ValueError(
-            f"The vocabulary holds {len(dupes)} duplicate token string(s), e.g. "
-            f"{dupes[:5]}. Each token id needs a distinct string."
+            f"The vocabulary holds {len(dupes)} duplicate token string(s), "
+            f"e.g. {dupes[:5]}. Each token id needs a distinct string."
         )
     return tokens
 
 
-def _check_hyperparameters(vocabulary_size, num_hashes, num_buckets, pad_token_id, rule):
+def _check_hyperparameters(
+    vocabulary_size, num_hashes, num_buckets, pad_token_id, rule
+):
     if not isinstance(num_hashes, (int, np.integer)) or num_hashes < 1:
-        raise ValueError(f"`num_hashes` must be an int >= 1; got {num_hashes!r}.")
+        raise ValueError(
+            f"`num_hashes` must be an int >= 1; got {num_hashes!r}."
+        )
     if not isinstance(num_buckets, (int, np.integer)) or num_buckets < 2:
         raise ValueError(
             f"`num_buckets` must be an int >= 2 (bucket 0 is reserved for the "
@@ -349,13 +391,18 @@ def _check_hyperparameters(vocabulary_size, num_hashes, num_buckets, pad_token_i
         raise ValueError(f"`rule` must be one of {RULES}; got {rule!r}.")
     if pad_token_id is not None and not (0 <= pad_token_id < vocabulary_size):
         raise ValueError(
-            f"`pad_token_id`={pad_token_id} is out of range for a vocabulary of "
-            f"{vocabulary_size} tokens; use an id in [0, {vocabulary_size - 1}] or None."
+            f"`pad_token_id`={pad_token_id} is out of range for a vocabulary "
+            f"of {vocabulary_size} tokens; use an id in "
+            f"[0, {vocabulary_size - 1}] or None."
         )
-    _check_capacity(vocabulary_size, num_hashes, num_buckets, pad_token_id, rule)
+    _check_capacity(
+        vocabulary_size, num_hashes, num_buckets, pad_token_id, rule
+    )
 
 
-def _check_capacity(vocabulary_size, num_hashes, num_buckets, pad_token_id, rule):
+def _check_capacity(
+    vocabulary_size, num_hashes, num_buckets, pad_token_id, rule
+):
     if rule != "unique":
         return
     real_tokens = vocabulary_size - (1 if pad_token_id is not None else 0)
@@ -363,7 +410,8 @@ def _check_capacity(vocabulary_size, num_hashes, num_buckets, pad_token_id, rule
     if real_tokens > capacity:
         raise ValueError(
             f"{real_tokens} tokens cannot have unique signatures with "
-            f"num_hashes={num_hashes}, num_buckets={num_buckets}: the capacity is "
-            f"(B-1)^H = {capacity}. Increase num_buckets or num_hashes, or use "
-            "rule='reference' (the authors' rule, which allows duplicates)."
+            f"num_hashes={num_hashes}, num_buckets={num_buckets}: the capacity "
+            f"is (B-1)^H = {capacity}. Increase num_buckets or num_hashes, or "
+            "use rule='reference' (the authors' rule, which allows "
+            "duplicates)."
         )

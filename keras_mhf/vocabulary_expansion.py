@@ -29,16 +29,20 @@ SCRIPTS = {
 
 def _in_script(piece, prefixes):
     chars = [c for c in piece if c != "▁"]
-    return bool(chars) and any(
-        unicodedata.name(c, "").startswith(prefixes) for c in chars
-    ) and all(
-        unicodedata.name(c, "").startswith(prefixes)
-        or not unicodedata.category(c).startswith("L")
-        for c in chars
+    return (
+        bool(chars)
+        and any(unicodedata.name(c, "").startswith(prefixes) for c in chars)
+        and all(
+            unicodedata.name(c, "").startswith(prefixes)
+            or not unicodedata.category(c).startswith("L")
+            for c in chars
+        )
     )
 
 
-def expand_sentencepiece(proto, corpora, pieces_per_language=1000, scripts=None):
+def expand_sentencepiece(
+    proto, corpora, pieces_per_language=1000, scripts=None
+):
     """Appends new pieces learned per language to a BPE SentencePiece model.
 
     Args:
@@ -58,7 +62,9 @@ def expand_sentencepiece(proto, corpora, pieces_per_language=1000, scripts=None)
     model = model_pb2.ModelProto()
     model.ParseFromString(proto)
     if model.trainer_spec.model_type != model_pb2.TrainerSpec.BPE:
-        raise ValueError("Only BPE SentencePiece models can be expanded this way.")
+        raise ValueError(
+            "Only BPE SentencePiece models can be expanded this way."
+        )
     existing = {p.piece for p in model.pieces}
     normal = model_pb2.ModelProto.SentencePiece.NORMAL
     score = min(p.score for p in model.pieces if p.type == normal)
@@ -107,18 +113,16 @@ def expand_standard_vocabulary(model, new_tokenizer):
     """The Standard baseline for a larger vocabulary, mean-initialised.
 
     Args:
-        model: a `keras_hub.models.Qwen3CausalLM` (from `standard_causal_lm`)
+        model: a `StandardCausalLM` (from `standard_causal_lm`)
             with its old tokenizer attached.
         new_tokenizer: the expanded tokenizer (old pieces first).
 
     Returns:
-        A new `Qwen3CausalLM`; every weight but the embedding is copied, the
+        A new `StandardCausalLM`; every weight but the embedding is copied, the
         old rows are kept, and each new row is the mean of the old rows of
         the new piece's tokenization under the old tokenizer.
     """
     import sentencepiece as spm
-    from keras_hub.models import Qwen3Backbone
-    from keras_hub.models import Qwen3CausalLM
 
     from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
         MultiHashFormerCausalLMPreprocessor,
@@ -128,29 +132,41 @@ def expand_standard_vocabulary(model, new_tokenizer):
     old_vocabulary = old_tokenizer.get_vocabulary()
     vocabulary = new_tokenizer.get_vocabulary()
     if vocabulary[: len(old_vocabulary)] != old_vocabulary:
-        raise ValueError("The new tokenizer must start with the old vocabulary.")
+        raise ValueError(
+            "The new tokenizer must start with the old vocabulary."
+        )
     old_sp = spm.SentencePieceProcessor(model_proto=old_tokenizer.proto)
     backbone = model.backbone
     config = backbone.get_config()
     config["vocabulary_size"] = len(vocabulary)
-    new_backbone = Qwen3Backbone.from_config(config)
+    new_backbone = type(backbone).from_config(config)
     for old, new in zip(backbone.weights, new_backbone.weights):
         if new is not new_backbone.token_embedding.embeddings:
             new.assign(old)
-    old_rows = np.asarray(keras.ops.convert_to_numpy(backbone.token_embedding.embeddings))
+    old_rows = np.asarray(
+        keras.ops.convert_to_numpy(backbone.token_embedding.embeddings)
+    )
     rows = np.zeros((len(vocabulary), old_rows.shape[1]), old_rows.dtype)
     rows[: len(old_rows)] = old_rows
     for i in range(len(old_vocabulary), len(vocabulary)):
         text = vocabulary[i].replace("▁", " ")
-        ids = old_sp.encode(text.lstrip()) if text.startswith(" ") else old_sp.encode(text)
-        if not text.startswith(" ") and ids and old_sp.id_to_piece(ids[0]) == "▁":
+        ids = (
+            old_sp.encode(text.lstrip())
+            if text.startswith(" ")
+            else old_sp.encode(text)
+        )
+        if (
+            not text.startswith(" ")
+            and ids
+            and old_sp.id_to_piece(ids[0]) == "▁"
+        ):
             ids = ids[1:]  # the dummy prefix SentencePiece adds
         rows[i] = old_rows[ids].mean(0) if ids else old_rows.mean(0)
     new_backbone.token_embedding.embeddings.assign(rows)
     preprocessor = MultiHashFormerCausalLMPreprocessor(
         new_tokenizer, sequence_length=model.preprocessor.sequence_length
     )
-    expanded = Qwen3CausalLM(backbone=new_backbone, preprocessor=preprocessor)
+    expanded = type(model)(backbone=new_backbone, preprocessor=preprocessor)
     expanded.compile(loss=model.loss)
     return expanded
 

@@ -1,16 +1,16 @@
 """Reproduce the paper's key comparisons at small scale, on real text, with one
 command (paper Tables 1 and 3, Sec. 5-6).
 
-    python recipes/replicate.py --output recipes/results            # the committed run
-    python recipes/replicate.py --output runs/rep --seeds 3         # mean +- std
-    python recipes/replicate.py --output /tmp/smoke --smoke         # seconds, for CI
+    python recipes/replicate.py --output recipes/results     # the committed run
+    python recipes/replicate.py --output runs/rep --seeds 3  # mean +- std
+    python recipes/replicate.py --output /tmp/smoke --smoke  # seconds, for CI
 
 Trains, with the same data order, token budget, optimizer, schedule and trunk:
 Standard; Standard+kL (k so that its parameters match MHF H4's, as the paper's
 parameter-matched baseline); MHF H3 with B chosen so its embedding parameters
 match Standard's; MHF H4 B16384; and the single-ID ablation at H4's parameter
-budget (one authors'-rule hash id repeated in all four heads, paper Table 3).
-It reports on the held-out split: perplexity over the real vocabulary, next-token
+budget (one authors'-rule hash id repeated in all four heads, paper Table 3). It
+reports on the held-out split: perplexity over the real vocabulary, next-token
 top-1 accuracy, last-word (LAMBADA-style) accuracy on held-out passages,
 parameters (embedding / decoder / total) and wall time; writes results.md,
 results.json and val_loss.png (validation loss against training tokens).
@@ -20,13 +20,11 @@ import argparse
 import glob
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 
@@ -36,28 +34,56 @@ def parse_args(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--data", default=os.path.join(DATA, "openstax_edu_en"),
-                   help="folder with train*/validation* .jsonl|.txt files, or one file "
-                        "(its last 5%% of documents are held out)")
-    p.add_argument("--tokenizer", default=os.path.join(DATA, "mistral_v03_tokenizer", "tokenizer.model"))
+    p.add_argument(
+        "--data",
+        default=os.path.join(DATA, "openstax_edu_en"),
+        help="folder with train*/validation* .jsonl|.txt files, or one file "
+        "(its last 5%% of documents are held out)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=os.path.join(DATA, "mistral_v03_tokenizer", "tokenizer.model"),
+    )
     p.add_argument("--output", required=True)
-    p.add_argument("--trunk", default="mini", help="trunk shared by every model")
+    p.add_argument(
+        "--trunk", default="mini", help="trunk shared by every model"
+    )
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--sequence-length", type=int, default=128)
     p.add_argument("--learning-rate", type=float, default=2e-3)
-    p.add_argument("--checkpoint-every", type=int, default=100, help="steps between evaluations")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=100,
+        help="steps between evaluations",
+    )
     p.add_argument("--validation-blocks", type=int, default=64)
     p.add_argument("--last-word-passages", type=int, default=200)
     p.add_argument("--max-train-tokens", type=int, default=None)
-    p.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1; N > 1 reports mean +- std")
-    p.add_argument("--models", nargs="*", default=None,
-                   help="subset of: standard standard+kL mhf_h3 mhf_h4 single_id")
-    p.add_argument("--work-dir", default=None,
-                   help="checkpoints and presets of every run (default: OUTPUT/runs); "
-                        "OUTPUT keeps only the report, the plot and the training logs")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny trunk, tiny budget: checks the pipeline in seconds")
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="seeds 0..N-1; N > 1 reports mean +- std",
+    )
+    p.add_argument(
+        "--models",
+        nargs="*",
+        default=None,
+        help="subset of: standard standard+kL mhf_h3 mhf_h4 single_id",
+    )
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        help="checkpoints and presets of every run (default: OUTPUT/runs); "
+        "OUTPUT keeps only the report, the plot and the training logs",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny trunk, tiny budget: checks the pipeline in seconds",
+    )
     return p.parse_args(argv)
 
 
@@ -77,16 +103,32 @@ def model_specs(trunk, vocabulary_size, smoke=False):
     h4_buckets = 256 if smoke else 16384
     standard = count_parameters(trunk, vocabulary_size)
     h4 = count_parameters(f"{trunk}_h4b{h4_buckets}", vocabulary_size)
-    layer = count_parameters(trunk, vocabulary_size, extra_layers=1)["total"] - standard["total"]
+    layer = (
+        count_parameters(trunk, vocabulary_size, extra_layers=1)["total"]
+        - standard["total"]
+    )
     k = max(1, int(round((h4["total"] - standard["total"]) / layer)))
-    # H3: B so that the hash interface has about Standard's embedding parameters.
+    # H3: B so that the hash interface has about Standard's embedding
+    # parameters.
     best = _solve_h3(trunk, vocabulary_size, standard["total"])
     return [
         ("standard", "standard", trunk, 0, "unique"),
         (f"standard+{k}L", "standard", trunk, k, "unique"),
         (f"mhf_h3b{best}", "mhf", f"{trunk}_h3b{best}", 0, "unique"),
-        (f"mhf_h4b{h4_buckets}", "mhf", f"{trunk}_h4b{h4_buckets}", 0, "unique"),
-        (f"single_id_h1x4b{h4_buckets}", "mhf", f"{trunk}_h4b{h4_buckets}", 0, "repeated"),
+        (
+            f"mhf_h4b{h4_buckets}",
+            "mhf",
+            f"{trunk}_h4b{h4_buckets}",
+            0,
+            "unique",
+        ),
+        (
+            f"single_id_h1x4b{h4_buckets}",
+            "mhf",
+            f"{trunk}_h4b{h4_buckets}",
+            0,
+            "repeated",
+        ),
     ]
 
 
@@ -96,27 +138,55 @@ def _solve_h3(trunk, vocabulary_size, target):
     low, high = 2, 4 * vocabulary_size
     while low < high:
         mid = (low + high) // 2
-        if count_parameters(f"{trunk}_h3b{mid}", vocabulary_size)["total"] < target:
+        if (
+            count_parameters(f"{trunk}_h3b{mid}", vocabulary_size)["total"]
+            < target
+        ):
             low = mid + 1
         else:
             high = mid
     candidates = [low - 1, low]
-    return min(candidates, key=lambda b: abs(
-        count_parameters(f"{trunk}_h3b{b}", vocabulary_size)["total"] - target))
+    return min(
+        candidates,
+        key=lambda b: abs(
+            count_parameters(f"{trunk}_h3b{b}", vocabulary_size)["total"]
+            - target
+        ),
+    )
 
 
 def _group(name):
     for prefix in ("standard+", "mhf_h3", "mhf_h4", "single_id", "standard"):
         if name.startswith(prefix):
-            return {"standard+": "standard+kL", "mhf_h3": "mhf_h3", "mhf_h4": "mhf_h4",
-                    "single_id": "single_id", "standard": "standard"}[prefix]
+            return {
+                "standard+": "standard+kL",
+                "mhf_h3": "mhf_h3",
+                "mhf_h4": "mhf_h4",
+                "single_id": "single_id",
+                "standard": "standard",
+            }[prefix]
     return name
 
 
-def replicate(data, tokenizer, output, trunk="mini", steps=400, batch_size=8,
-              sequence_length=128, learning_rate=2e-3, checkpoint_every=100,
-              validation_blocks=64, last_word_passages=200, max_train_tokens=None,
-              seeds=1, models=None, smoke=False, work_dir=None, verbose=1):
+def replicate(
+    data,
+    tokenizer,
+    output,
+    trunk="mini",
+    steps=400,
+    batch_size=8,
+    sequence_length=128,
+    learning_rate=2e-3,
+    checkpoint_every=100,
+    validation_blocks=64,
+    last_word_passages=200,
+    max_train_tokens=None,
+    seeds=1,
+    models=None,
+    smoke=False,
+    work_dir=None,
+    verbose=1,
+):
     """Runs the comparison; returns the results dict (also written to disk)."""
     import keras
 
@@ -139,12 +209,16 @@ def replicate(data, tokenizer, output, trunk="mini", steps=400, batch_size=8,
     held_out = list(read_documents(validation)) if validation else None
     if held_out is None:
         documents = list(read_documents(train))
-        held_out = documents[-max(1, len(documents) // 20):]
-    # Derived from the data, so it stays with the runs, not in the report folder.
+        held_out = documents[-max(1, len(documents) // 20) :]
+    # Derived from the data, so it stays with the runs, not in the report
+    # folder.
     work_dir = work_dir or os.path.join(output, "runs")
     os.makedirs(work_dir, exist_ok=True)
     last_word_path = evaluation.write_last_word_file(
-        held_out, os.path.join(work_dir, "last_word_passages.jsonl"), count=last_word_passages)
+        held_out,
+        os.path.join(work_dir, "last_word_passages.jsonl"),
+        count=last_word_passages,
+    )
 
     runs = []
     for seed in range(seeds):
@@ -154,38 +228,74 @@ def replicate(data, tokenizer, output, trunk="mini", steps=400, batch_size=8,
             keras.config.set_dtype_policy("float32")
             started = time.time()
             run_dir = os.path.join(work_dir, f"seed{seed}", name)
-            summary = pretrain(
-                train, run_dir, tokenizer=tokenizer, model=kind, architecture=architecture,
-                extra_layers=extra_layers, signature_rule=rule,
-                sequence_length=sequence_length, batch_size=batch_size, steps=steps,
-                learning_rate=learning_rate, warmup_steps=max(1, steps // 10),
-                validation_data=validation, validation_fraction=0.05,
-                validation_blocks=validation_blocks, checkpoint_every=checkpoint_every,
-                max_tokens=max_train_tokens, seed=seed, verbose=0 if smoke else verbose,
+            lm, summary = pretrain(
+                train,
+                run_dir,
+                tokenizer=tokenizer,
+                model=kind,
+                architecture=architecture,
+                extra_layers=extra_layers,
+                signature_rule=rule,
+                sequence_length=sequence_length,
+                batch_size=batch_size,
+                steps=steps,
+                learning_rate=learning_rate,
+                warmup_steps=max(1, steps // 10),
+                validation_data=validation,
+                validation_fraction=0.05,
+                validation_blocks=validation_blocks,
+                checkpoint_every=checkpoint_every,
+                max_tokens=max_train_tokens,
+                seed=seed,
+                verbose=0 if smoke else verbose,
             )
-            lm = summary.pop("model_object")
-            last_word, _ = evaluation.lambada(lm, lm.preprocessor.tokenizer, last_word_path,
-                                              batch_size)
-            counted = count_parameters(architecture, vocabulary_size, extra_layers)
+            last_word, _ = evaluation.lambada(
+                lm, lm.preprocessor.tokenizer, last_word_path, batch_size
+            )
+            counted = count_parameters(
+                architecture, vocabulary_size, extra_layers
+            )
             os.makedirs(os.path.join(output, "logs"), exist_ok=True)
             log_copy = os.path.join(output, "logs", f"seed{seed}_{name}.csv")
             with open(summary["log"]) as src, open(log_copy, "w") as dst:
                 dst.write(src.read())
-            runs.append({
-                "seed": seed, "model": name, "group": _group(name), "architecture": architecture,
-                "extra_layers": extra_layers, "signature_rule": rule,
-                "parameters": {k: counted[k] for k in ("embedding", "decoder", "trunk", "total")},
-                "validation": summary["validation"], "last_word": last_word,
-                "train_tokens": steps * batch_size * sequence_length,
-                "seconds": round(time.time() - started, 1),
-                "log": os.path.relpath(log_copy, output),
-            })
+            runs.append(
+                {
+                    "seed": seed,
+                    "model": name,
+                    "group": _group(name),
+                    "architecture": architecture,
+                    "extra_layers": extra_layers,
+                    "signature_rule": rule,
+                    "parameters": {
+                        k: counted[k]
+                        for k in ("embedding", "decoder", "trunk", "total")
+                    },
+                    "validation": summary["validation"],
+                    "last_word": last_word,
+                    "train_tokens": steps * batch_size * sequence_length,
+                    "seconds": round(time.time() - started, 1),
+                    "log": os.path.relpath(log_copy, output),
+                }
+            )
             with open(os.path.join(output, "results.json"), "w") as f:
-                json.dump({"config": dict(trunk=trunk, steps=steps, batch_size=batch_size,
-                                          sequence_length=sequence_length,
-                                          learning_rate=learning_rate, seeds=seeds,
-                                          tokenizer=os.path.basename(tokenizer),
-                                          data=str(data)), "runs": runs}, f, indent=2)
+                json.dump(
+                    {
+                        "config": dict(
+                            trunk=trunk,
+                            steps=steps,
+                            batch_size=batch_size,
+                            sequence_length=sequence_length,
+                            learning_rate=learning_rate,
+                            seeds=seeds,
+                            tokenizer=os.path.basename(tokenizer),
+                            data=str(data),
+                        ),
+                        "runs": runs,
+                    },
+                    f,
+                    indent=2,
+                )
     with open(os.path.join(output, "results.md"), "w") as f:
         f.write(markdown(runs, seeds))
     plot(runs, os.path.join(output, "val_loss.png"))
@@ -202,21 +312,26 @@ def _fmt(values, digits):
 def markdown(runs, seeds):
     names = list(dict.fromkeys(r["model"] for r in runs))
     lines = [
-        "| model | embedding | decoder | total params | val perplexity | next-token acc | "
-        "last-word acc | train tokens | wall time (s) |",
+        "| model | embedding | decoder | total params | val perplexity | "
+        "next-token acc | last-word acc | train tokens | wall time (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         rs = [r for r in runs if r["model"] == name]
         p = rs[0]["parameters"]
         lines.append(
-            f"| {name} | {p['embedding'] / 1e6:.2f}M | {p['decoder'] / 1e6:.3f}M | "
-            f"{p['total'] / 1e6:.2f}M | {_fmt([r['validation']['perplexity'] for r in rs], 1)} | "
+            f"| {name} | {p['embedding'] / 1e6:.2f}M | "
+            f"{p['decoder'] / 1e6:.3f}M | "
+            f"{p['total'] / 1e6:.2f}M | "
+            f"{_fmt([r['validation']['perplexity'] for r in rs], 1)} | "
             f"{_fmt([r['validation']['accuracy'] for r in rs], 3)} | "
-            f"{_fmt([r['last_word']['acc'] for r in rs], 3)} | {rs[0]['train_tokens']:,} | "
+            f"{_fmt([r['last_word']['acc'] for r in rs], 3)} | "
+            f"{rs[0]['train_tokens']:,} | "
             f"{_fmt([r['seconds'] for r in rs], 0)} |"
         )
-    note = f"Seeds: {', '.join(str(s) for s in sorted({r['seed'] for r in runs}))}"
+    note = (
+        f"Seeds: {', '.join(str(s) for s in sorted({r['seed'] for r in runs}))}"
+    )
     if seeds > 1:
         note += " (mean ± sample std over seeds)"
     return "\n".join(lines) + f"\n\n{note}.\n"
@@ -238,7 +353,12 @@ def plot(runs, path):
         for r in (r for r in runs if r["model"] == name):
             with open(os.path.join(os.path.dirname(path), r["log"])) as f:
                 rows = list(csv.DictReader(f))
-            curves.append(([int(x["tokens"]) for x in rows], [float(x["val_loss"]) for x in rows]))
+            curves.append(
+                (
+                    [int(x["tokens"]) for x in rows],
+                    [float(x["val_loss"]) for x in rows],
+                )
+            )
         tokens = curves[0][0]
         mean = np.mean([c[1] for c in curves], 0)
         ax.plot(tokens, mean, "o-", label=name)
@@ -256,10 +376,22 @@ def plot(runs, path):
 def main(argv=None):
     args = parse_args(argv)
     runs = replicate(
-        args.data, args.tokenizer, args.output, args.trunk, args.steps, args.batch_size,
-        args.sequence_length, args.learning_rate, args.checkpoint_every,
-        args.validation_blocks, args.last_word_passages, args.max_train_tokens,
-        args.seeds, args.models, args.smoke, args.work_dir,
+        args.data,
+        args.tokenizer,
+        args.output,
+        args.trunk,
+        args.steps,
+        args.batch_size,
+        args.sequence_length,
+        args.learning_rate,
+        args.checkpoint_every,
+        args.validation_blocks,
+        args.last_word_passages,
+        args.max_train_tokens,
+        args.seeds,
+        args.models,
+        args.smoke,
+        args.work_dir,
     )
     print(markdown(runs, args.seeds))
 

@@ -1,3 +1,4 @@
+import functools
 import os
 from pathlib import Path
 
@@ -14,7 +15,10 @@ OPENSTAX = DATA / "openstax_edu_en"
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--run_large", action="store_true", default=False, help="run large tests"
+        "--run_large",
+        action="store_true",
+        default=False,
+        help="run large tests",
     )
 
 
@@ -30,7 +34,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def mistral_model_path():
     if not MISTRAL_MODEL.exists():
-        pytest.skip(f"shared data not found at {MISTRAL_MODEL} (set KERAS_MHF_DATA)")
+        pytest.skip(
+            f"shared data not found at {MISTRAL_MODEL} (set KERAS_MHF_DATA)"
+        )
     return str(MISTRAL_MODEL)
 
 
@@ -72,9 +78,10 @@ def corpus():
     return list(CORPUS)
 
 
-@pytest.fixture(scope="session")
-def small_proto():
-    """A SentencePiece model trained here on a few sentences (no data files)."""
+@functools.lru_cache(maxsize=None)
+def small_proto_bytes():
+    """A SentencePiece model trained here on a few sentences (no data files);
+    for `TestCase` classes, which cannot take fixtures."""
     import io
 
     import sentencepiece as spm
@@ -88,6 +95,11 @@ def small_proto():
         minloglevel=2,
     )
     return model.getvalue()
+
+
+@pytest.fixture(scope="session")
+def small_proto():
+    return small_proto_bytes()
 
 
 @pytest.fixture

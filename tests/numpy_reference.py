@@ -55,7 +55,9 @@ def signature_loss(logits, target_signatures, weights=None):
 def token_log_probs(logits, signatures):
     """Sec. 3.4 inference: sum_i log p_i(bucket_i(w)), log-softmax over V."""
     lp = log_softmax(logits)
-    scores = sum(lp[..., i, :][..., signatures[:, i]] for i in range(signatures.shape[1]))
+    scores = sum(
+        lp[..., i, :][..., signatures[:, i]] for i in range(signatures.shape[1])
+    )
     return log_softmax(scores)
 
 
@@ -103,18 +105,25 @@ def authors_model_bucket_logits(token_ids, tensors, cfg):
     """Bucket logits [s, H, B] of the authors' model for one sequence, from
     the raw checkpoint tensors (torch layout), by the paper's equations."""
     H, B = cfg["num_hashes"], cfg["num_buckets"]
-    t = {k[len("model."):] if k.startswith("model.") else k: v for k, v in tensors.items()}
+    t = {
+        k[len("model.") :] if k.startswith("model.") else k: v
+        for k, v in tensors.items()
+    }
     tables = t["embed_tokens.weight"].reshape(H, B, -1)
     sig = t["hash_map"][token_ids]
     x = hash_encoder(
-        sig, tables,
-        t["combiner.scorer.0.weight"].T, t["combiner.scorer.0.bias"],
-        t["combiner.scorer.2.weight"].T, t["combiner.scorer.2.bias"],
-        t["combiner.output_proj.0.weight"].T, t["combiner.output_proj.0.bias"],
+        sig,
+        tables,
+        t["combiner.scorer.0.weight"].T,
+        t["combiner.scorer.0.bias"],
+        t["combiner.scorer.2.weight"].T,
+        t["combiner.scorer.2.bias"],
+        t["combiner.output_proj.0.weight"].T,
+        t["combiner.output_proj.0.bias"],
     )
     for n in range(cfg["layers"]):
         prefix = f"layers.{n}."
-        w = {k[len(prefix):]: v for k, v in t.items() if k.startswith(prefix)}
+        w = {k[len(prefix) :]: v for k, v in t.items() if k.startswith(prefix)}
         x = qwen3_block(x, w, cfg)
     x = rms_norm(x, t["norm.weight"], cfg["eps"])
     mixers = [

@@ -10,16 +10,33 @@ from keras_mhf import SignatureTable
 from keras_mhf.models import MultiHashFormerCausalLM
 from tests.numpy_reference import authors_model_bucket_logits
 
-CFG = dict(layers=2, d=32, nq=4, nkv=2, hd=8, ff=48, num_hashes=3, num_buckets=64, g=8,
-           eps=1e-6, theta=1_000_000.0)
+CFG = dict(
+    layers=2,
+    d=32,
+    nq=4,
+    nkv=2,
+    hd=8,
+    ff=48,
+    num_hashes=3,
+    num_buckets=64,
+    g=8,
+    eps=1e-6,
+    theta=1_000_000.0,
+)
 
 
-def write_checkpoint(directory, tokens, pad_token_id=2, seed=0, drop=None, reshape=None):
-    """A tiny checkpoint in the authors' format, random weights (torch [out, in])."""
+def write_checkpoint(
+    directory, tokens, pad_token_id=2, seed=0, drop=None, reshape=None
+):
+    """A tiny checkpoint in the authors' format, random weights (torch [out,
+    in])."""
     rng = np.random.default_rng(seed)
     c = CFG
     d, H, B, g = c["d"], c["num_hashes"], c["num_buckets"], c["g"]
-    normal = lambda *shape: (rng.normal(size=shape) * 0.2).astype("float32")
+
+    def normal(*shape):
+        return (rng.normal(size=shape) * 0.2).astype("float32")
+
     table = SignatureTable.from_tokens(tokens, H, B, pad_token_id, "reference")
     t = {
         "model.hash_map": table.signatures.astype("int64"),
@@ -35,23 +52,31 @@ def write_checkpoint(directory, tokens, pad_token_id=2, seed=0, drop=None, resha
     t["lm_head.weight"] = t["model.embed_tokens.weight"]
     for n in range(c["layers"]):
         p = f"model.layers.{n}."
-        t.update({
-            p + "self_attn.q_proj.weight": normal(c["nq"] * c["hd"], d),
-            p + "self_attn.k_proj.weight": normal(c["nkv"] * c["hd"], d),
-            p + "self_attn.v_proj.weight": normal(c["nkv"] * c["hd"], d),
-            p + "self_attn.o_proj.weight": normal(d, c["nq"] * c["hd"]),
-            p + "self_attn.q_norm.weight": 1 + normal(c["hd"]),
-            p + "self_attn.k_norm.weight": 1 + normal(c["hd"]),
-            p + "mlp.gate_proj.weight": normal(c["ff"], d),
-            p + "mlp.up_proj.weight": normal(c["ff"], d),
-            p + "mlp.down_proj.weight": normal(d, c["ff"]),
-            p + "input_layernorm.weight": 1 + normal(d),
-            p + "post_attention_layernorm.weight": 1 + normal(d),
-        })
+        t.update(
+            {
+                p + "self_attn.q_proj.weight": normal(c["nq"] * c["hd"], d),
+                p + "self_attn.k_proj.weight": normal(c["nkv"] * c["hd"], d),
+                p + "self_attn.v_proj.weight": normal(c["nkv"] * c["hd"], d),
+                p + "self_attn.o_proj.weight": normal(d, c["nq"] * c["hd"]),
+                p + "self_attn.q_norm.weight": 1 + normal(c["hd"]),
+                p + "self_attn.k_norm.weight": 1 + normal(c["hd"]),
+                p + "mlp.gate_proj.weight": normal(c["ff"], d),
+                p + "mlp.up_proj.weight": normal(c["ff"], d),
+                p + "mlp.down_proj.weight": normal(d, c["ff"]),
+                p + "input_layernorm.weight": 1 + normal(d),
+                p + "post_attention_layernorm.weight": 1 + normal(d),
+            }
+        )
     for k in range(H - 1):
         p = f"hash_head.cascade_mixer.{k}."
-        t.update({p + "0.weight": normal(g, 2 * d), p + "0.bias": normal(g),
-                  p + "2.weight": normal(d, g), p + "2.bias": normal(d)})
+        t.update(
+            {
+                p + "0.weight": normal(g, 2 * d),
+                p + "0.bias": normal(g),
+                p + "2.weight": normal(d, g),
+                p + "2.bias": normal(d),
+            }
+        )
     if drop:
         t.pop(drop)
     if reshape:
@@ -61,13 +86,24 @@ def write_checkpoint(directory, tokens, pad_token_id=2, seed=0, drop=None, resha
     t["lm_head.weight"] = t["lm_head.weight"].copy()
     save_file(t, os.path.join(directory, "model.safetensors"))
     config = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "hidden_size": d, "num_hidden_layers": c["layers"], "num_attention_heads": c["nq"],
-        "num_key_value_heads": c["nkv"], "head_dim": c["hd"], "intermediate_size": c["ff"],
-        "rms_norm_eps": c["eps"], "vocab_size": len(tokens), "num_hashes": H,
-        "num_buckets": B, "num_lsh": 0, "bottle_neck_dim": g, "pad_token_id": pad_token_id,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "hidden_size": d,
+        "num_hidden_layers": c["layers"],
+        "num_attention_heads": c["nq"],
+        "num_key_value_heads": c["nkv"],
+        "head_dim": c["hd"],
+        "intermediate_size": c["ff"],
+        "rms_norm_eps": c["eps"],
+        "vocab_size": len(tokens),
+        "num_hashes": H,
+        "num_buckets": B,
+        "num_lsh": 0,
+        "bottle_neck_dim": g,
+        "pad_token_id": pad_token_id,
         "rope_parameters": {"rope_theta": c["theta"], "rope_type": "default"},
-        "tie_word_embeddings": True, "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
     }
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
@@ -82,39 +118,64 @@ def test_converted_model_matches_numpy_equations(tmp_path, small_tokenizer):
     )
     assert lm.backbone.signature_rule == "reference"
     ids = np.array([[1, 17, 5, 33, 80, 2, 9]], dtype="int32")
-    got = np.asarray(ops.convert_to_numpy(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)})))
+    got = np.asarray(
+        ops.convert_to_numpy(
+            lm({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+        )
+    )
     cfg = dict(CFG, nq=CFG["nq"], nkv=CFG["nkv"], hd=CFG["hd"])
     expected = authors_model_bucket_logits(
-        ids[0], {k: v.astype("float64") if v.dtype != np.int64 else v for k, v in tensors.items()}, cfg
+        ids[0],
+        {
+            k: v.astype("float64") if v.dtype != np.int64 else v
+            for k, v in tensors.items()
+        },
+        cfg,
     )
     np.testing.assert_allclose(got[0], expected, atol=1e-5, rtol=1e-5)
     assert lm.generate("The cell", max_length=8)
 
 
-def test_tokenizer_that_does_not_match_hash_map_is_refused(tmp_path, small_tokenizer):
+def test_tokenizer_that_does_not_match_hash_map_is_refused(
+    tmp_path, small_tokenizer
+):
     tokens = list(small_tokenizer.get_vocabulary())
     tokens[40], tokens[41] = tokens[41], tokens[40]
     write_checkpoint(str(tmp_path / "ckpt"), tokens)
     with pytest.raises(ValueError, match="hash differently"):
-        MultiHashFormerCausalLM.from_preset(str(tmp_path / "ckpt"), tokenizer=small_tokenizer)
+        MultiHashFormerCausalLM.from_preset(
+            str(tmp_path / "ckpt"), tokenizer=small_tokenizer
+        )
 
 
 def test_missing_key_is_named(tmp_path):
     tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(20)]
-    write_checkpoint(str(tmp_path / "ckpt"), tokens, drop="hash_head.cascade_mixer.1.2.bias")
+    write_checkpoint(
+        str(tmp_path / "ckpt"), tokens, drop="hash_head.cascade_mixer.1.2.bias"
+    )
     with pytest.raises(ValueError, match="hash_head.cascade_mixer.1.2.bias"):
         MultiHashFormerCausalLM.from_preset(str(tmp_path / "ckpt"))
 
 
 def test_misshaped_tensor_is_named_with_expected_shape(tmp_path):
     tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(20)]
-    write_checkpoint(str(tmp_path / "ckpt"), tokens,
-                     reshape="model.layers.1.mlp.down_proj.weight")
-    with pytest.raises(ValueError, match=r"layers.1.mlp.down_proj.weight.*\(48, 32\)"):
+    write_checkpoint(
+        str(tmp_path / "ckpt"),
+        tokens,
+        reshape="model.layers.1.mlp.down_proj.weight",
+    )
+    with pytest.raises(
+        ValueError, match=r"layers.1.mlp.down_proj.weight.*\(48, 32\)"
+    ):
         MultiHashFormerCausalLM.from_preset(str(tmp_path / "ckpt"))
     # The stacked bucket tables are split over H per-head variables.
-    write_checkpoint(str(tmp_path / "ckpt2"), tokens, reshape="model.embed_tokens.weight")
-    expected = rf"embed_tokens.weight.*\({CFG['num_hashes'] * CFG['num_buckets']}, {CFG['d']}\)"
+    write_checkpoint(
+        str(tmp_path / "ckpt2"), tokens, reshape="model.embed_tokens.weight"
+    )
+    expected = (
+        r"embed_tokens.weight.*\("
+        rf"{CFG['num_hashes'] * CFG['num_buckets']}, {CFG['d']}\)"
+    )
     with pytest.raises(ValueError, match=expected):
         MultiHashFormerCausalLM.from_preset(str(tmp_path / "ckpt2"))
 

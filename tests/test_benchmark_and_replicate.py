@@ -1,5 +1,6 @@
 """Seconds-long smoke runs of the benchmark, the profiler and the replication
-recipe, so none of them can rot (their real runs are documented in the README)."""
+recipe, so none of them can rot (their real runs are documented in the
+README)."""
 
 import json
 import os
@@ -17,9 +18,18 @@ def test_benchmark_smoke(tmp_path):
     backend = keras.config.backend()
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "benchmark.py"), "--smoke", "--backends", backend,
-         "--output", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(REPO / "tools" / "benchmark.py"),
+            "--smoke",
+            "--backends",
+            backend,
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -36,7 +46,9 @@ def test_profile_smoke():
         pytest.skip("tools/profile_step.py uses the JAX profiler")
     done = subprocess.run(
         [sys.executable, str(REPO / "tools" / "profile_step.py"), "--smoke"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "## training step" in done.stdout and "## generation" in done.stdout
@@ -49,10 +61,25 @@ def test_replicate_smoke(tmp_path, openstax_dir):
         pytest.skip("the Mistral tokenizer is not in the shared data")
     env = dict(os.environ)
     done = subprocess.run(
-        [sys.executable, str(REPO / "recipes" / "replicate.py"), "--smoke",
-         "--data", str(openstax_dir), "--tokenizer", str(MISTRAL_MODEL),
-         "--output", str(tmp_path / "rep"), "--models", "standard", "mhf_h4", "single_id"],
-        capture_output=True, text=True, timeout=900, env=env,
+        [
+            sys.executable,
+            str(REPO / "recipes" / "replicate.py"),
+            "--smoke",
+            "--data",
+            str(openstax_dir),
+            "--tokenizer",
+            str(MISTRAL_MODEL),
+            "--output",
+            str(tmp_path / "rep"),
+            "--models",
+            "standard",
+            "mhf_h4",
+            "single_id",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "rep" / "results.md").read_text()

@@ -7,9 +7,9 @@ import pytest
 
 from keras_mhf.data import CorpusWarning
 from keras_mhf.data import DocumentReader
+from keras_mhf.data import documents as documents_module
 from keras_mhf.data import list_corpus_files
 from keras_mhf.data import read_documents
-from keras_mhf.data import documents as documents_module
 
 
 def previous_txt_documents(text):
@@ -46,8 +46,15 @@ def corpus_dir(tmp_path):
 
 
 def test_directory_reads_only_corpus_files_in_sorted_order(corpus_dir):
-    files = [os.path.relpath(f, corpus_dir) for f in list_corpus_files(corpus_dir)]
-    assert files == ["a.txt", "b.jsonl", "c.jsonl.gz", os.path.join("sub", "d.txt")]
+    files = [
+        os.path.relpath(f, corpus_dir) for f in list_corpus_files(corpus_dir)
+    ]
+    assert files == [
+        "a.txt",
+        "b.jsonl",
+        "c.jsonl.gz",
+        os.path.join("sub", "d.txt"),
+    ]
     assert list(read_documents(str(corpus_dir))) == [
         "first doc\nstill first",
         "second doc",
@@ -78,7 +85,12 @@ def test_globs_and_lists_of_inputs(corpus_dir):
         "d.txt",
     ]
     both = [str(corpus_dir / "sub"), str(corpus_dir / "b.jsonl")]
-    assert list(read_documents(both)) == ["seventh", "eighth", "third", "fourth"]
+    assert list(read_documents(both)) == [
+        "seventh",
+        "eighth",
+        "third",
+        "fourth",
+    ]
 
 
 def test_bad_inputs_are_named(tmp_path, corpus_dir):
@@ -101,19 +113,32 @@ def test_bad_inputs_are_named(tmp_path, corpus_dir):
 
 def test_txt_streaming_matches_the_previous_reader(tmp_path):
     rng = np.random.default_rng(0)
-    pieces = ["alpha beta", "gamma", "", "", " ", "  delta  ", "\t", "eps\tzeta"]
+    pieces = [
+        "alpha beta",
+        "gamma",
+        "",
+        "",
+        " ",
+        "  delta  ",
+        "\t",
+        "eps\tzeta",
+    ]
     for case in range(150):
         lines = list(rng.choice(pieces, size=rng.integers(0, 12)))
         text = "\n".join(lines) + ("\n" if rng.random() < 0.5 else "")
         path = write(tmp_path / f"case_{case}.txt", text)
-        assert list(read_documents(path)) == previous_txt_documents(text), repr(text)
+        assert list(read_documents(path)) == previous_txt_documents(text), repr(
+            text
+        )
 
 
 def test_txt_mode_is_decided_by_the_head_of_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(documents_module, "TXT_HEAD_BYTES", 16)
     # No empty line in the first 16 bytes: one document per line, even though
     # a blank line comes later.
-    path = write(tmp_path / "late.txt", "line one\nline two\nline three\n\nline four\n")
+    path = write(
+        tmp_path / "late.txt", "line one\nline two\nline three\n\nline four\n"
+    )
     assert list(read_documents(path)) == [
         "line one",
         "line two",
@@ -125,10 +150,13 @@ def test_txt_mode_is_decided_by_the_head_of_the_file(tmp_path, monkeypatch):
 
 
 def test_bom_and_crlf_line_endings(tmp_path):
-    path = write(tmp_path / "win.txt", b"\xef\xbb\xbfone\r\ntwo\r\n\r\nthree\r\n")
+    path = write(
+        tmp_path / "win.txt", b"\xef\xbb\xbfone\r\ntwo\r\n\r\nthree\r\n"
+    )
     assert list(read_documents(path)) == ["one\ntwo", "three"]
     path = write(
-        tmp_path / "win.jsonl", b'\xef\xbb\xbf{"text": "x"}\r\n{"text": "y"}\r\n'
+        tmp_path / "win.jsonl",
+        b'\xef\xbb\xbf{"text": "x"}\r\n{"text": "y"}\r\n',
     )
     assert list(read_documents(path)) == ["x", "y"]
 
@@ -144,7 +172,9 @@ BAD_LINES = [
 
 
 @pytest.mark.parametrize("content,line,problem", BAD_LINES)
-def test_bad_jsonl_lines_fail_with_file_and_line(tmp_path, content, line, problem):
+def test_bad_jsonl_lines_fail_with_file_and_line(
+    tmp_path, content, line, problem
+):
     path = write(tmp_path / "bad.jsonl", content)
     with pytest.raises(
         ValueError, match=rf"bad\.jsonl:{line}: {problem}.*on_error='skip'"
@@ -155,7 +185,9 @@ def test_bad_jsonl_lines_fail_with_file_and_line(tmp_path, content, line, proble
 def test_skip_mode_counts_and_warns_each_bad_line(tmp_path):
     good = jsonl("one", "two", "  ", "three")
     bad = b"".join(content for content, _, _ in BAD_LINES)
-    path = write(tmp_path / "mixed.jsonl", good.encode() + bad + jsonl("four").encode())
+    path = write(
+        tmp_path / "mixed.jsonl", good.encode() + bad + jsonl("four").encode()
+    )
     reader = DocumentReader(path, on_error="skip")
     with pytest.warns(CorpusWarning) as caught:
         texts = [d.text for d in reader]
@@ -163,17 +195,25 @@ def test_skip_mode_counts_and_warns_each_bad_line(tmp_path):
     assert reader.skipped == 6
     messages = [str(w.message) for w in caught]
     for line in (6, 9, 10, 11, 12, 13):
-        assert any(f"mixed.jsonl:{line}:" in m and "skipped" in m for m in messages)
+        assert any(
+            f"mixed.jsonl:{line}:" in m and "skipped" in m for m in messages
+        )
 
 
 def test_non_utf8_txt_line(tmp_path):
     path = write(
-        tmp_path / "bad.txt", b"good one\n\nbad \xff line\nsame doc\n\ngood two\n"
+        tmp_path / "bad.txt",
+        b"good one\n\nbad \xff line\nsame doc\n\ngood two\n",
     )
     with pytest.raises(ValueError, match=r"bad\.txt:3: not valid UTF-8"):
         list(read_documents(path))
-    with pytest.warns(CorpusWarning, match=r"bad\.txt:3: .*the document that holds it"):
-        assert list(read_documents(path, on_error="skip")) == ["good one", "good two"]
+    with pytest.warns(
+        CorpusWarning, match=r"bad\.txt:3: .*the document that holds it"
+    ):
+        assert list(read_documents(path, on_error="skip")) == [
+            "good one",
+            "good two",
+        ]
     path = write(tmp_path / "lines.txt", b"a\nb \xff\nc\n")
     with pytest.warns(CorpusWarning, match=r"lines\.txt:2: "):
         assert list(read_documents(path, on_error="skip")) == ["a", "c"]
@@ -183,7 +223,8 @@ def test_every_document_position_resumes_the_stream(corpus_dir):
     reader = DocumentReader(str(corpus_dir))
     documents = list(reader)
     assert [
-        (os.path.basename(reader.files[d.file_index]), d.line) for d in documents
+        (os.path.basename(reader.files[d.file_index]), d.line)
+        for d in documents
     ] == [
         ("a.txt", 1),
         ("a.txt", 4),
@@ -196,13 +237,17 @@ def test_every_document_position_resumes_the_stream(corpus_dir):
     ]
     texts = [d.text for d in documents]
     for number, document in enumerate(documents):
-        rest = [d.text for d in DocumentReader(str(corpus_dir), start=document.end)]
+        rest = [
+            d.text for d in DocumentReader(str(corpus_dir), start=document.end)
+        ]
         assert rest == texts[number + 1 :]
     assert reader.bytes_read == reader.total_bytes
 
 
 def test_resumed_reader_keeps_the_skip_count(tmp_path):
-    path = write(tmp_path / "s.jsonl", b'{"text": "a"}\nnot json\n{"text": "b"}\n[1]\n')
+    path = write(
+        tmp_path / "s.jsonl", b'{"text": "a"}\nnot json\n{"text": "b"}\n[1]\n'
+    )
     with pytest.warns(CorpusWarning):
         documents = list(DocumentReader(path, on_error="skip"))
     assert [d.end.skipped for d in documents] == [0, 1]
@@ -216,14 +261,17 @@ def test_openstax_directory_skips_its_manifest(openstax_dir):
     files = list_corpus_files(openstax_dir)
     names = sorted(os.path.basename(f) for f in files)
     assert "manifest.json" not in names and "SOURCE.md" not in names
-    assert names == sorted(n for n in os.listdir(openstax_dir) if n.endswith(".jsonl"))
+    assert names == sorted(
+        n for n in os.listdir(openstax_dir) if n.endswith(".jsonl")
+    )
     first = next(iter(DocumentReader(files[:1])))
     assert first.text and first.line == 1
 
 
 def test_many_bad_lines_are_all_counted_and_summarised(tmp_path):
     lines = [
-        json.dumps({"text": f"doc {i}"}) if i % 2 else "{broken" for i in range(60)
+        json.dumps({"text": f"doc {i}"}) if i % 2 else "{broken"
+        for i in range(60)
     ]
     path = write(tmp_path / "many.jsonl", "\n".join(lines) + "\n")
     reader = DocumentReader(path, on_error="skip")

@@ -8,25 +8,38 @@ import pytest
 from tests.conftest import REPO
 
 JAX_ONLY = pytest.mark.skipif(
-    keras.config.backend() != "jax", reason="keras.distribution works on JAX only"
+    keras.config.backend() != "jax",
+    reason="keras.distribution works on JAX only",
 )
 
 MULTI_DEVICE = r"""
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import numpy as np, keras, jax
-sys.path.insert(0, sys.argv[1])
-from tools.multiprocess_check import build
 from keras_mhf.distribution import make_distribution, check_batch_size
+from keras_mhf.models import MultiHashFormerCausalLM
+
+
+def build():
+    keras.utils.set_random_seed(0)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(61)]
+    model = MultiHashFormerCausalLM.from_tokens(
+        tokens, "tiny_h3b64", pad_token_id=2, gate_dim=8, mixer_dim=8)
+    model.compile(optimizer=keras.optimizers.SGD(0.1))
+    return model
+
+
 assert len(jax.devices()) == 8
 rng = np.random.default_rng(0)
 ids = rng.integers(3, 64, size=(16, 9)).astype("int32")
 x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((16, 8), "int32")}
 y = ids[:, 1:]
-single = build().fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
+single = build().fit(
+    x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
 
 keras.distribution.set_distribution(make_distribution("data"))
-data_parallel = build().fit(x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
+data_parallel = build().fit(
+    x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
 np.testing.assert_allclose(data_parallel, single, atol=1e-5)
 
 dist = make_distribution("model", "2x4")
@@ -34,13 +47,17 @@ keras.distribution.set_distribution(dist)
 model = build()
 model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
 specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
-assert specs["hash_encoder/embeddings_0"] == ("model", "batch"), specs["hash_encoder/embeddings_0"]
+assert specs["hash_encoder/embeddings_0"] == ("model", "batch"), (
+    specs["hash_encoder/embeddings_0"])
 assert specs["signature_lookup/signatures"] in ((), (None, None))
-assert specs["transformer_layer_0/self_attention/query/kernel"] == ("model", "batch", None)
+assert specs["transformer_layer_0/self_attention/query/kernel"] == (
+    "model", "batch", None)
 assert specs["hash_decoder/mixer_0_down_dense/kernel"] == ("batch", "model")
-assert len(model.backbone.hash_encoder.embeddings[-1].value.sharding.device_set) == 8
+assert len(
+    model.backbone.hash_encoder.embeddings[-1].value.sharding.device_set) == 8
 model.compile(sampler="greedy")
-prompt = {"token_ids": x["token_ids"][:8], "padding_mask": np.zeros((8, 8), bool)}
+prompt = {"token_ids": x["token_ids"][:8],
+          "padding_mask": np.zeros((8, 8), bool)}
 prompt["padding_mask"][:, :3] = True
 out = model.generate(prompt, stop_token_ids=None)
 assert np.asarray(out["token_ids"]).shape == (8, 8)
@@ -57,8 +74,13 @@ print("OK")
 @JAX_ONLY
 def test_data_and_model_parallel_on_8_cpu_devices():
     env = dict(os.environ, KERAS_BACKEND="jax")
-    done = subprocess.run([sys.executable, "-c", MULTI_DEVICE, str(REPO)],
-                          capture_output=True, text=True, timeout=600, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", MULTI_DEVICE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert done.returncode == 0 and "OK" in done.stdout, done.stderr[-4000:]
 
 
@@ -66,14 +88,40 @@ def test_data_and_model_parallel_on_8_cpu_devices():
 def test_pretrain_recipe_with_model_parallelism(tmp_path, corpus):
     data = tmp_path / "corpus.txt"
     data.write_text("\n\n".join(corpus))
-    env = dict(os.environ, KERAS_BACKEND="jax",
-               XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = dict(
+        os.environ,
+        KERAS_BACKEND="jax",
+        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+    )
     done = subprocess.run(
-        [sys.executable, str(REPO / "recipes" / "pretrain.py"), "--data", str(data),
-         "--output", str(tmp_path / "run"), "--architecture", "tiny_h3b64",
-         "--vocabulary-size", "400", "--sequence-length", "16", "--batch-size", "4",
-         "--steps", "2", "--checkpoint-every", "2", "--distribution", "model", "--mesh", "2x4"],
-        capture_output=True, text=True, timeout=600, env=env,
+        [
+            sys.executable,
+            str(REPO / "recipes" / "pretrain.py"),
+            "--data",
+            str(data),
+            "--output",
+            str(tmp_path / "run"),
+            "--architecture",
+            "tiny_h3b64",
+            "--vocabulary-size",
+            "400",
+            "--sequence-length",
+            "16",
+            "--batch-size",
+            "4",
+            "--steps",
+            "2",
+            "--checkpoint-every",
+            "2",
+            "--distribution",
+            "model",
+            "--mesh",
+            "2x4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert '"finished": true' in done.stdout
@@ -82,14 +130,24 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path, corpus):
 @JAX_ONLY
 def test_two_processes_end_with_the_single_process_weights():
     env = dict(os.environ, KERAS_BACKEND="jax")
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "multiprocess_check.py")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "multiprocess_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "OK" in done.stdout
 
 
-@pytest.mark.skipif(keras.config.backend() == "jax", reason="tests the refusal on other backends")
-def test_other_backends_refuse_instead_of_training_on_one_device(tmp_path, corpus):
+@pytest.mark.skipif(
+    keras.config.backend() == "jax",
+    reason="tests the refusal on other backends",
+)
+def test_other_backends_refuse_instead_of_training_on_one_device(
+    tmp_path, corpus
+):
     from keras_mhf.distribution import make_distribution
     from keras_mhf.pretraining import pretrain
 
@@ -98,5 +156,11 @@ def test_other_backends_refuse_instead_of_training_on_one_device(tmp_path, corpu
     data = tmp_path / "corpus.txt"
     data.write_text("\n\n".join(corpus))
     with pytest.raises(ValueError, match="needs the JAX backend"):
-        pretrain(str(data), str(tmp_path / "run"), distribution="data", steps=2, verbose=0)
+        pretrain(
+            str(data),
+            str(tmp_path / "run"),
+            distribution="data",
+            steps=2,
+            verbose=0,
+        )
     assert not (tmp_path / "run").exists()

@@ -11,8 +11,11 @@ from tests.conftest import REPO
 
 
 def direct_loglikelihood(model, ids, n_context):
-    """Independent path: score the whole sequence once, sum the target tokens."""
-    scores = np.asarray(ops.convert_to_numpy(model.score(np.array([ids], "int32"))))[0]
+    """Independent path: score the whole sequence once, sum the target
+    tokens."""
+    scores = np.asarray(
+        ops.convert_to_numpy(model.score(np.array([ids], "int32")))
+    )[0]
     lp = evaluation._log_softmax(scores)
     positions = np.arange(n_context - 1, len(ids) - 1)
     return lp[positions, np.array(ids[n_context:])].sum(), bool(
@@ -21,17 +24,24 @@ def direct_loglikelihood(model, ids, n_context):
 
 
 def test_encode_pair_moves_trailing_space(small_tokenizer):
-    context, continuation = evaluation.encode_pair(small_tokenizer, "The cell ", "is")
+    context, continuation = evaluation.encode_pair(
+        small_tokenizer, "The cell ", "is"
+    )
     same = evaluation.encode_pair(small_tokenizer, "The cell", " is")
     assert (context, continuation) == same
     assert context[0] == small_tokenizer.start_token_id
 
 
 def test_lambada_matches_direct_computation(tiny_lm, small_tokenizer, tmp_path):
-    texts = ["The cell is the basic unit of life", "Water boils at one hundred degrees"]
+    texts = [
+        "The cell is the basic unit of life",
+        "Water boils at one hundred degrees",
+    ]
     path = tmp_path / "lambada.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    metrics, examples = evaluation.lambada(tiny_lm, small_tokenizer, str(path), batch_size=1)
+    metrics, examples = evaluation.lambada(
+        tiny_lm, small_tokenizer, str(path), batch_size=1
+    )
     lls = []
     for text, example in zip(texts, examples):
         context, word = text.rsplit(" ", 1)
@@ -41,55 +51,93 @@ def test_lambada_matches_direct_computation(tiny_lm, small_tokenizer, tmp_path):
         np.testing.assert_allclose(example["loglikelihood"], ll, rtol=1e-5)
         assert example["correct"] == greedy
         lls.append(ll)
-    np.testing.assert_allclose(metrics["perplexity"], np.exp(-np.mean(lls)), rtol=1e-5)
+    np.testing.assert_allclose(
+        metrics["perplexity"], np.exp(-np.mean(lls)), rtol=1e-5
+    )
     # Batching with right-padding gives the same numbers.
-    batched, _ = evaluation.lambada(tiny_lm, small_tokenizer, str(path), batch_size=2)
-    np.testing.assert_allclose(batched["perplexity"], metrics["perplexity"], rtol=1e-4)
+    batched, _ = evaluation.lambada(
+        tiny_lm, small_tokenizer, str(path), batch_size=2
+    )
+    np.testing.assert_allclose(
+        batched["perplexity"], metrics["perplexity"], rtol=1e-4
+    )
 
 
 def test_multiple_choice_acc_and_acc_norm(tiny_lm, small_tokenizer, tmp_path):
     docs = [
-        {"query": "Water boils at", "choices": ["one hundred degrees", "cells"], "gold": 0},
-        {"query": "The cell is", "choices": ["light", "the basic unit of life"], "gold": 1},
+        {
+            "query": "Water boils at",
+            "choices": ["one hundred degrees", "cells"],
+            "gold": 0,
+        },
+        {
+            "query": "The cell is",
+            "choices": ["light", "the basic unit of life"],
+            "gold": 1,
+        },
     ]
     path = tmp_path / "mc.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in docs))
-    metrics, examples = evaluation.multiple_choice(tiny_lm, small_tokenizer, str(path))
+    metrics, examples = evaluation.multiple_choice(
+        tiny_lm, small_tokenizer, str(path)
+    )
     acc, acc_norm = [], []
     for doc, example in zip(docs, examples):
         lls = []
         for choice in doc["choices"]:
-            ctx, cont = evaluation.encode_pair(small_tokenizer, doc["query"], " " + choice)
+            ctx, cont = evaluation.encode_pair(
+                small_tokenizer, doc["query"], " " + choice
+            )
             lls.append(direct_loglikelihood(tiny_lm, ctx + cont, len(ctx))[0])
         np.testing.assert_allclose(example["loglikelihoods"], lls, rtol=1e-5)
         lengths = np.array([len(c) for c in doc["choices"]])
         acc.append(int(np.argmax(lls)) == doc["gold"])
         acc_norm.append(int(np.argmax(np.array(lls) / lengths)) == doc["gold"])
-    assert metrics["acc"] == np.mean(acc) and metrics["acc_norm"] == np.mean(acc_norm)
+    assert metrics["acc"] == np.mean(acc) and metrics["acc_norm"] == np.mean(
+        acc_norm
+    )
 
 
 def test_rank_correlations():
     x = [0.1, 0.4, 0.4, 0.9, 0.3]
     y = [1.0, 2.0, 3.0, 5.0, 0.5]
-    np.testing.assert_allclose(evaluation.pearson(x, y), np.corrcoef(x, y)[0, 1])
+    np.testing.assert_allclose(
+        evaluation.pearson(x, y), np.corrcoef(x, y)[0, 1]
+    )
     scipy_stats = pytest.importorskip("scipy.stats")
-    np.testing.assert_allclose(evaluation.spearman(x, y), scipy_stats.spearmanr(x, y)[0])
+    np.testing.assert_allclose(
+        evaluation.spearman(x, y), scipy_stats.spearmanr(x, y)[0]
+    )
 
 
 def test_rare_word_similarity(tiny_lm, small_tokenizer, tmp_path):
     path = tmp_path / "card.tsv"
-    path.write_text("cell\tunit_of_life\t3.5\nwater\tsteam\t3.0\nlight\tsound\t1.0\n"
-                    "atom\tnucleus\t2.5\n")
-    metrics, examples = evaluation.rare_word_similarity(tiny_lm, small_tokenizer, str(path))
+    path.write_text(
+        "cell\tunit_of_life\t3.5\nwater\tsteam\t3.0\nlight\tsound\t1.0\n"
+        "atom\tnucleus\t2.5\n"
+    )
+    metrics, examples = evaluation.rare_word_similarity(
+        tiny_lm, small_tokenizer, str(path)
+    )
     assert metrics["pairs"] == 4
     assert examples[0]["word2"] == "unit of life"
     final, penultimate = evaluation.last_token_hidden_states(
-        tiny_lm, small_tokenizer, ["cell", "unit of life"])
-    cos = final[0] @ final[1] / np.linalg.norm(final[0]) / np.linalg.norm(final[1])
+        tiny_lm, small_tokenizer, ["cell", "unit of life"]
+    )
+    cos = (
+        final[0]
+        @ final[1]
+        / np.linalg.norm(final[0])
+        / np.linalg.norm(final[1])
+    )
     np.testing.assert_allclose(examples[0]["cosine_final"], cos, rtol=1e-5)
     assert not np.allclose(final, penultimate)
-    for key in ("final_pearson", "final_spearman", "second_to_last_pearson",
-                "second_to_last_spearman"):
+    for key in (
+        "final_pearson",
+        "final_spearman",
+        "second_to_last_pearson",
+        "second_to_last_spearman",
+    ):
         assert -1.0 <= metrics[key] <= 1.0
 
 
@@ -99,24 +147,71 @@ def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus):
     held_out = tmp_path / "held_out.txt"
     held_out.write_text("\n\n".join(corpus[:8]))
     lambada = tmp_path / "lambada.jsonl"
-    lambada.write_text(json.dumps({"text": "The cell is the basic unit of life"}) + "\n")
+    lambada.write_text(
+        json.dumps({"text": "The cell is the basic unit of life"}) + "\n"
+    )
     mc = tmp_path / "mc.jsonl"
-    mc.write_text(json.dumps({"query": "Water boils at", "choices": ["one", "two"], "gold": 0}) + "\n")
+    mc.write_text(
+        json.dumps(
+            {"query": "Water boils at", "choices": ["one", "two"], "gold": 0}
+        )
+        + "\n"
+    )
     card = tmp_path / "card.tsv"
     card.write_text("cell\tlife\t3.0\nwater\tsteam\t2.0\nlight\tatom\t1.0\n")
     output = tmp_path / "results.jsonl"
     done = subprocess.run(
-        [sys.executable, str(REPO / "recipes" / "evaluate.py"), "--preset", preset,
-         "--perplexity", str(held_out), "--lambada", str(lambada),
-         "--multiple-choice", str(mc), "--card660", str(card),
-         "--sequence-length", "16", "--output", str(output)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(REPO / "recipes" / "evaluate.py"),
+            "--preset",
+            preset,
+            "--perplexity",
+            str(held_out),
+            "--lambada",
+            str(lambada),
+            "--multiple-choice",
+            str(mc),
+            "--card660",
+            str(card),
+            "--sequence-length",
+            "16",
+            "--output",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout[done.stdout.index("{"):])
-    assert results["perplexity:held_out.txt"]["perplexity"] > 1
-    assert "acc" in results["lambada:lambada.jsonl"]
-    assert "acc_norm" in results["multiple_choice:mc.jsonl"]
-    assert "final_spearman" in results["rare_words:card.tsv"]
-    lines = [json.loads(l) for l in output.read_text().splitlines()]
-    assert {l["task"] for l in lines} == {"lambada", "multiple_choice", "rare_words"}
+    results = json.loads(done.stdout[done.stdout.index("{") :])
+    assert results[f"perplexity:{held_out}"]["perplexity"] > 1
+    assert "acc" in results[f"lambada:{lambada}"]
+    assert "acc_norm" in results[f"multiple_choice:{mc}"]
+    assert "final_spearman" in results[f"rare_words:{card}"]
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert {line["task"] for line in lines} == {
+        "perplexity",
+        "lambada",
+        "multiple_choice",
+        "rare_words",
+    }
+    blocks = [line for line in lines if line["task"] == "perplexity"]
+    assert blocks and all(line["tokens"] == 16 for line in blocks)
+
+
+def test_same_file_name_in_two_folders_is_kept_apart(tiny_lm, tmp_path):
+    """Results are keyed by the path as given, not the basename."""
+    preset = str(tmp_path / "preset")
+    tiny_lm.save_to_preset(preset)
+    paths = []
+    for folder, text in (
+        ("a", "The cell is the basic unit of life"),
+        ("b", "Water boils at one hundred degrees"),
+    ):
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "lambada.jsonl"
+        path.write_text(json.dumps({"text": text}) + "\n")
+        paths.append(str(path))
+    results = evaluation.evaluate_preset(preset, lambada_files=paths)
+    assert sorted(results) == sorted(f"lambada:{p}" for p in paths)

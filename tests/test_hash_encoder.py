@@ -2,6 +2,7 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from keras_hub.src.tests.test_case import TestCase
 
 from keras_mhf.layers import HashEncoder
 from tests.numpy_reference import hash_encoder
@@ -21,6 +22,20 @@ def weights_of(encoder):
     )
 
 
+class HashEncoderTest(TestCase):
+    def test_layer_behaviors(self):
+        self.run_layer_test(
+            HashEncoder,
+            init_kwargs=dict(
+                num_hashes=3, num_buckets=7, hidden_dim=16, gate_dim=8
+            ),
+            input_data=SIGNATURES,
+            expected_output_shape=(1, 3, 16),
+            # 3 tables, gate kernel/bias, score kernel/bias, output kernel/bias.
+            expected_num_trainable_weights=9,
+        )
+
+
 def test_matches_paper_equations():
     encoder = HashEncoder(3, 7, 16, gate_dim=8)
     encoder.build()
@@ -29,25 +44,39 @@ def test_matches_paper_equations():
         w.assign(rng.normal(size=w.shape).astype("float32") * 0.3)
     out = ops.convert_to_numpy(encoder(SIGNATURES))
     assert out.shape == (1, 3, 16)
-    np.testing.assert_allclose(out, hash_encoder(SIGNATURES, **weights_of(encoder)), atol=1e-5)
+    np.testing.assert_allclose(
+        out, hash_encoder(SIGNATURES, **weights_of(encoder)), atol=1e-5
+    )
 
 
 def test_weights_and_shapes():
     encoder = HashEncoder(3, 7, 16, gate_dim=8)
     encoder.build()
     shapes = sorted(tuple(w.shape) for w in encoder.trainable_weights)
-    assert shapes == sorted([(7, 16)] * 3 + [(16, 8), (8,), (8, 1), (1,), (16, 16), (16,)])
+    assert shapes == sorted(
+        [(7, 16)] * 3 + [(16, 8), (8,), (8, 1), (1,), (16, 16), (16,)]
+    )
     # N(0, 0.02) tables, zero biases.
-    assert abs(float(np.std(ops.convert_to_numpy(encoder.stacked_embeddings()))) - 0.02) < 0.01
+    assert (
+        abs(
+            float(np.std(ops.convert_to_numpy(encoder.stacked_embeddings())))
+            - 0.02
+        )
+        < 0.01
+    )
     assert not np.any(ops.convert_to_numpy(encoder.output_dense.bias))
 
 
-@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16", "bfloat16"])
+@pytest.mark.parametrize(
+    "policy", ["mixed_bfloat16", "mixed_float16", "bfloat16"]
+)
 def test_mixed_precision(policy):
     encoder = HashEncoder(3, 7, 16, gate_dim=8, dtype=policy)
     out = encoder(SIGNATURES)
     assert keras.backend.standardize_dtype(out.dtype) == encoder.compute_dtype
-    symbolic = encoder.compute_output_spec(keras.KerasTensor((None, 5, 3), "int32"))
+    symbolic = encoder.compute_output_spec(
+        keras.KerasTensor((None, 5, 3), "int32")
+    )
     assert symbolic.shape == (None, 5, 16)
 
 
@@ -67,7 +96,8 @@ def test_tables_are_one_draw_split_over_heads():
     encoder.build()
     expected = keras.initializers.RandomNormal(stddev=0.02, seed=3)((3, 7, 16))
     np.testing.assert_array_equal(
-        ops.convert_to_numpy(encoder.stacked_embeddings()), ops.convert_to_numpy(expected)
+        ops.convert_to_numpy(encoder.stacked_embeddings()),
+        ops.convert_to_numpy(expected),
     )
     assert [w.path for w in encoder.embeddings] == [
         f"{encoder.name}/embeddings_{i}" for i in range(3)

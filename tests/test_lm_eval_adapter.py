@@ -49,36 +49,89 @@ def test_lm_eval_command_on_local_tasks(tiny_lm, small_tokenizer, tmp_path):
     preset = str(tmp_path / "preset")
     tiny_lm.save_to_preset(preset)
     lambada = tmp_path / "lambada.jsonl"
-    lambada.write_text("".join(json.dumps({"text": t}) + "\n" for t in [
-        "The cell is the basic unit of life", "Water boils at one hundred degrees",
-        "Light travels faster than sound"]))
+    lambada.write_text(
+        "".join(
+            json.dumps({"text": t}) + "\n"
+            for t in [
+                "The cell is the basic unit of life",
+                "Water boils at one hundred degrees",
+                "Light travels faster than sound",
+            ]
+        )
+    )
     mc = tmp_path / "mc.jsonl"
-    mc.write_text("".join(json.dumps(d) + "\n" for d in [
-        {"query": "Water boils at", "choices": ["one hundred degrees", "cells"], "gold": 0},
-        {"query": "The cell is", "choices": ["light", "the basic unit of life"], "gold": 1},
-        {"query": "An atom has", "choices": ["a nucleus", "demand"], "gold": 0}]))
+    mc.write_text(
+        "".join(
+            json.dumps(d) + "\n"
+            for d in [
+                {
+                    "query": "Water boils at",
+                    "choices": ["one hundred degrees", "cells"],
+                    "gold": 0,
+                },
+                {
+                    "query": "The cell is",
+                    "choices": ["light", "the basic unit of life"],
+                    "gold": 1,
+                },
+                {
+                    "query": "An atom has",
+                    "choices": ["a nucleus", "demand"],
+                    "gold": 0,
+                },
+            ]
+        )
+    )
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "tiny_lambada.yaml").write_text(LAMBADA_TASK.format(path=lambada))
     (tasks / "tiny_mc.yaml").write_text(MC_TASK.format(path=mc))
     out = tmp_path / "out"
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1",
-               PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        HF_DATASETS_OFFLINE="1",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(REPO),
+    )
     done = subprocess.run(
-        [sys.executable, "-m", "keras_mhf.lm_eval_adapter", "--model", "keras_mhf",
-         "--model_args", f"preset={preset}", "--batch_size", "2", "--tasks", "tiny_lambada,tiny_mc",
-         "--include_path", str(tasks), "--output_path", str(out)],
-        capture_output=True, text=True, timeout=900, env=env, cwd=str(tmp_path),
+        [
+            sys.executable,
+            "-m",
+            "keras_mhf.lm_eval_adapter",
+            "--model",
+            "keras_mhf",
+            "--model_args",
+            f"preset={preset}",
+            "--batch_size",
+            "2",
+            "--tasks",
+            "tiny_lambada,tiny_mc",
+            "--include_path",
+            str(tasks),
+            "--output_path",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=str(tmp_path),
     )
     assert done.returncode == 0, done.stderr[-4000:]
     results_file = next(
-        os.path.join(root, f) for root, _, files in os.walk(out) for f in files
-        if f.startswith("results") and f.endswith(".json"))
+        os.path.join(root, f)
+        for root, _, files in os.walk(out)
+        for f in files
+        if f.startswith("results") and f.endswith(".json")
+    )
     results = json.load(open(results_file))["results"]
     ours_lambada, _ = evaluation.lambada(tiny_lm, small_tokenizer, str(lambada))
     ours_mc, _ = evaluation.multiple_choice(tiny_lm, small_tokenizer, str(mc))
-    np.testing.assert_allclose(results["tiny_lambada"]["perplexity,none"],
-                               ours_lambada["perplexity"], rtol=1e-4)
+    np.testing.assert_allclose(
+        results["tiny_lambada"]["perplexity,none"],
+        ours_lambada["perplexity"],
+        rtol=1e-4,
+    )
     assert results["tiny_lambada"]["acc,none"] == ours_lambada["acc"]
     assert results["tiny_mc"]["acc,none"] == ours_mc["acc"]
     assert results["tiny_mc"]["acc_norm,none"] == ours_mc["acc_norm"]

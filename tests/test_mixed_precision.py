@@ -7,23 +7,38 @@ from keras_mhf.models import MultiHashFormerCausalLM
 
 def test_mixed_bfloat16_fit_generate_score(small_tokenizer, corpus):
     keras.utils.set_random_seed(0)
-    full = MultiHashFormerCausalLM.from_tokenizer(small_tokenizer, "tiny_h3b64", sequence_length=16)
+    full = MultiHashFormerCausalLM.from_tokenizer(
+        small_tokenizer, "tiny_h3b64", sequence_length=16
+    )
     half = MultiHashFormerCausalLM.from_tokenizer(
-        small_tokenizer, "tiny_h3b64", sequence_length=16, dtype="mixed_bfloat16")
+        small_tokenizer,
+        "tiny_h3b64",
+        sequence_length=16,
+        dtype="mixed_bfloat16",
+    )
     for a, b in zip(full.weights, half.weights):
         b.assign(a)
     assert half.backbone.hash_encoder.compute_dtype == "bfloat16"
-    assert keras.backend.standardize_dtype(half.backbone.hash_encoder.embeddings[0].dtype) == "float32"
+    assert (
+        keras.backend.standardize_dtype(
+            half.backbone.hash_encoder.embeddings[0].dtype
+        )
+        == "float32"
+    )
     x, y, sw = full.preprocessor(corpus[:4])
 
     # Vocabulary log-probs are float32 under bf16 compute, and close to fp32.
-    lp_full = np.asarray(ops.convert_to_numpy(full.score(x["token_ids"], x["padding_mask"])))
+    lp_full = np.asarray(
+        ops.convert_to_numpy(full.score(x["token_ids"], x["padding_mask"]))
+    )
     lp_half = half.score(x["token_ids"], x["padding_mask"])
     assert keras.backend.standardize_dtype(lp_half.dtype) == "float32"
     lp_half = np.asarray(ops.convert_to_numpy(lp_half))
     np.testing.assert_allclose(np.exp(lp_half).sum(-1), 1.0, atol=1e-4)
     probs_full, probs_half = np.exp(lp_full), np.exp(lp_half)
-    assert np.abs(probs_full - probs_half).sum(-1).max() < 0.05  # total variation
+    assert (
+        np.abs(probs_full - probs_half).sum(-1).max() < 0.05
+    )  # total variation
     assert np.abs(lp_full - lp_half).mean() < 0.05
 
     # The loss is float32 and close too.

@@ -2,9 +2,11 @@ import keras
 import numpy as np
 import pytest
 from keras import ops
+from keras_hub.src.tests.test_case import TestCase
 
 from keras_mhf import SignatureTable
 from keras_mhf.models import MultiHashFormerBackbone
+from keras_mhf.utils.keras_utils import count_trainable_parameters
 
 TOKENS = ["<pad>"] + [f"tok{i}" for i in range(39)]
 KWARGS = dict(
@@ -29,10 +31,33 @@ def make_backbone(**overrides):
 
 
 def inputs(length=6, batch=2):
-    ids = np.random.default_rng(0).integers(1, 40, size=(batch, length)).astype("int32")
+    ids = (
+        np.random.default_rng(0)
+        .integers(1, 40, size=(batch, length))
+        .astype("int32")
+    )
     mask = np.ones((batch, length), "int32")
     mask[1, -2:] = 0
     return {"token_ids": ids, "padding_mask": mask}
+
+
+class MultiHashFormerBackboneTest(TestCase):
+    def test_backbone_basics(self):
+        table = SignatureTable.from_tokens(TOKENS, 3, 32, pad_token_id=0)
+        self.run_backbone_test(
+            cls=MultiHashFormerBackbone,
+            init_kwargs={**KWARGS, "signatures": table},
+            input_data=inputs(length=6),
+            expected_output_shape=(2, 6, 16),
+        )
+
+    def test_saving(self):
+        table = SignatureTable.from_tokens(TOKENS, 3, 32, pad_token_id=0)
+        self.run_model_saving_test(
+            cls=MultiHashFormerBackbone,
+            init_kwargs={**KWARGS, "signatures": table},
+            input_data=inputs(length=6),
+        )
 
 
 def test_forward_and_variable_lengths():
@@ -47,11 +72,12 @@ def test_parameters_do_not_depend_on_vocabulary():
     small = make_backbone()
     big_tokens = ["<pad>"] + [f"w{i}" for i in range(999)]
     big = MultiHashFormerBackbone(
-        signatures=SignatureTable.from_tokens(big_tokens, 3, 32, pad_token_id=0),
+        signatures=SignatureTable.from_tokens(
+            big_tokens, 3, 32, pad_token_id=0
+        ),
         **{**KWARGS, "vocabulary_size": 1000},
     )
-    count = lambda m: sum(int(np.prod(w.shape)) for w in m.trainable_weights)
-    assert count(small) == count(big)
+    assert count_trainable_parameters(small) == count_trainable_parameters(big)
 
 
 def test_missing_table_is_refused():
@@ -59,7 +85,9 @@ def test_missing_table_is_refused():
         MultiHashFormerBackbone(**KWARGS)
     with pytest.raises(ValueError, match="does not match"):
         MultiHashFormerBackbone(
-            signatures=SignatureTable.from_tokens(TOKENS, 3, 32, pad_token_id=1),
+            signatures=SignatureTable.from_tokens(
+                TOKENS, 3, 32, pad_token_id=1
+            ),
             **KWARGS,
         )
 
@@ -96,5 +124,13 @@ def test_qk_norm_epsilon_follows_backbone():
 def test_mixed_precision(policy):
     backbone = make_backbone(dtype=policy)
     out = backbone(inputs())
-    assert keras.backend.standardize_dtype(out.dtype) == keras.DTypePolicy(policy).compute_dtype
-    assert keras.backend.standardize_dtype(backbone.signature_lookup.signatures.dtype) == "int32"
+    assert (
+        keras.backend.standardize_dtype(out.dtype)
+        == keras.DTypePolicy(policy).compute_dtype
+    )
+    assert (
+        keras.backend.standardize_dtype(
+            backbone.signature_lookup.signatures.dtype
+        )
+        == "int32"
+    )

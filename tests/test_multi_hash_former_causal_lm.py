@@ -6,13 +6,71 @@ import keras_hub
 import numpy as np
 import pytest
 from keras import ops
+from keras_hub.src.tests.test_case import TestCase
 
+from keras_mhf import SignatureTable
+from keras_mhf.models import MultiHashFormerBackbone
 from keras_mhf.models import MultiHashFormerCausalLM
+from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
+from keras_mhf.utils.keras_utils import count_trainable_parameters
+from tests.conftest import small_proto_bytes
 
 
 def to_numpy(x):
     return np.asarray(ops.convert_to_numpy(x))
+
+
+class MultiHashFormerCausalLMTest(TestCase):
+    def setUp(self):
+        tokenizer = MultiHashFormerTokenizer(small_proto_bytes())
+        self.preprocessor = MultiHashFormerCausalLMPreprocessor(
+            tokenizer, sequence_length=8
+        )
+        table = SignatureTable.from_tokens(
+            tokenizer.get_vocabulary(),
+            3,
+            32,
+            pad_token_id=tokenizer.signature_pad_token_id,
+        )
+        self.backbone = MultiHashFormerBackbone(
+            vocabulary_size=tokenizer.vocabulary_size(),
+            num_hashes=3,
+            num_buckets=32,
+            num_layers=2,
+            num_query_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            hidden_dim=16,
+            intermediate_dim=32,
+            gate_dim=8,
+            mixer_dim=8,
+            pad_token_id=tokenizer.signature_pad_token_id,
+            signatures=table,
+        )
+        self.init_kwargs = {
+            "preprocessor": self.preprocessor,
+            "backbone": self.backbone,
+        }
+        self.train_data = (
+            ["The cell is the basic unit", "Water boils at one hundred"],
+        )
+        self.input_data = self.preprocessor(*self.train_data)[0]
+
+    def test_causal_lm_basics(self):
+        self.run_task_test(
+            cls=MultiHashFormerCausalLM,
+            init_kwargs=self.init_kwargs,
+            train_data=self.train_data,
+            expected_output_shape=(2, 8, 3, 32),  # bucket logits [b, s, H, B]
+        )
+
+    def test_saving(self):
+        self.run_model_saving_test(
+            cls=MultiHashFormerCausalLM,
+            init_kwargs=self.init_kwargs,
+            input_data=self.input_data,
+        )
 
 
 def test_fit_lowers_loss_on_strings(tiny_lm, corpus):
@@ -39,9 +97,13 @@ def test_score_is_normalised_and_matches_loss(tiny_lm, corpus):
     assert log_probs.shape == (2, 16, tiny_lm.backbone.vocabulary_size)
     np.testing.assert_allclose(np.exp(log_probs).sum(-1), 1.0, atol=1e-4)
     per_token = to_numpy(
-        tiny_lm.score(x["token_ids"], x["padding_mask"], scoring_mode="loss", target_ids=y)
+        tiny_lm.score(
+            x["token_ids"], x["padding_mask"], scoring_mode="loss", target_ids=y
+        )
     )
-    expected = -np.take_along_axis(log_probs, to_numpy(y)[..., None], -1)[..., 0]
+    expected = -np.take_along_axis(log_probs, to_numpy(y)[..., None], -1)[
+        ..., 0
+    ]
     np.testing.assert_allclose(per_token, expected, atol=1e-5)
     # The intercept sees the embeddings (-1) and every block.
     seen = []
@@ -58,14 +120,24 @@ def test_cached_forward_equals_full_forward(tiny_lm, corpus):
     _, cache = tiny_lm._build_cache(ids)
     cache = ops.zeros_like(cache)
     for index in range(ids.shape[1]):
-        step, _, cache = tiny_lm.call_with_cache(ids[:, index : index + 1], cache, index)
-        np.testing.assert_allclose(to_numpy(step)[:, 0], full[:, index], atol=1e-4)
+        step, _, cache = tiny_lm.call_with_cache(
+            ids[:, index : index + 1], cache, index
+        )
+        np.testing.assert_allclose(
+            to_numpy(step)[:, 0], full[:, index], atol=1e-4
+        )
 
 
 @pytest.mark.parametrize(
     "sampler",
-    ["greedy", "top_k", "top_p", "random", keras_hub.samplers.BeamSampler(num_beams=2),
-     keras_hub.samplers.ContrastiveSampler()],
+    [
+        "greedy",
+        "top_k",
+        "top_p",
+        "random",
+        keras_hub.samplers.BeamSampler(num_beams=2),
+        keras_hub.samplers.ContrastiveSampler(),
+    ],
     ids=["greedy", "top_k", "top_p", "random", "beam", "contrastive"],
 )
 def test_generate_with_every_sampler(tiny_lm, sampler):
@@ -76,7 +148,9 @@ def test_generate_with_every_sampler(tiny_lm, sampler):
 
 def test_greedy_generation_matches_uncached_argmax(tiny_lm):
     tiny_lm.compile(sampler="greedy")
-    prompt = tiny_lm.preprocessor.generate_preprocess(["The cell"], sequence_length=10)
+    prompt = tiny_lm.preprocessor.generate_preprocess(
+        ["The cell"], sequence_length=10
+    )
     tiny_lm.preprocessor = None  # generate on token ids
     out = tiny_lm.generate(prompt, stop_token_ids=None)
     ids = to_numpy(out["token_ids"])[0]
@@ -112,7 +186,9 @@ def test_keras_save_and_load(tiny_lm, corpus, tmp_path):
     tiny_lm.save(path)
     restored = keras.saving.load_model(path)
     assert isinstance(restored, MultiHashFormerCausalLM)
-    np.testing.assert_allclose(to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5)
+    np.testing.assert_allclose(
+        to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5
+    )
     assert restored.generate("The cell", max_length=8)
 
 
@@ -124,48 +200,161 @@ def test_preset_round_trip(tiny_lm, corpus, tmp_path):
     for cls in (MultiHashFormerCausalLM, keras_hub.models.CausalLM):
         restored = cls.from_preset(preset)
         assert isinstance(restored, MultiHashFormerCausalLM)
-        np.testing.assert_allclose(to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5)
+        np.testing.assert_allclose(
+            to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5
+        )
 
 
-def test_mismatched_tokenizer_is_refused(tiny_lm, small_proto, mistral_model_path):
+def test_mismatched_tokenizer_is_refused(
+    tiny_lm, small_proto, mistral_model_path
+):
     wrong = keras_hub.models.CausalLMPreprocessor  # noqa: F841 (documented API)
     lm = MultiHashFormerCausalLM(
         tiny_lm.backbone,
-        type(tiny_lm.preprocessor)(MultiHashFormerTokenizer(mistral_model_path)),
+        type(tiny_lm.preprocessor)(
+            MultiHashFormerTokenizer(mistral_model_path)
+        ),
     )
     with pytest.raises(ValueError, match="tokenizer has 32768 tokens"):
         lm.generate("The cell", max_length=8)
 
 
-def test_tokenizer_with_same_size_but_other_pieces_is_refused(tiny_lm, small_proto):
+def test_tokenizer_with_same_size_but_other_pieces_is_refused(
+    tiny_lm, small_proto
+):
     tokenizer = MultiHashFormerTokenizer(small_proto)
     vocabulary = tokenizer.get_vocabulary()
     swapped = list(vocabulary)
     swapped[10], swapped[11] = swapped[11], swapped[10]
     with mock.patch.object(tokenizer, "get_vocabulary", return_value=swapped):
-        lm = MultiHashFormerCausalLM(tiny_lm.backbone, type(tiny_lm.preprocessor)(tokenizer))
+        lm = MultiHashFormerCausalLM(
+            tiny_lm.backbone, type(tiny_lm.preprocessor)(tokenizer)
+        )
         with pytest.raises(ValueError, match="hash differently"):
             lm.score(np.array([[1, 5, 6]]))
 
 
-def test_out_of_range_ids_are_refused(tiny_lm):
+def test_out_of_range_ids_are_refused_at_every_entry_point(tiny_lm):
     with pytest.raises(ValueError, match="out-of-range"):
         tiny_lm.score(np.array([[1, 5, 10_000]]))
+    with pytest.raises(ValueError, match="Target ids must be in"):
+        tiny_lm.score(
+            np.array([[1, 5]]),
+            scoring_mode="loss",
+            target_ids=np.array([[5, -1]]),
+        )
+    tiny_lm.preprocessor = None
+    prompt = {
+        "token_ids": np.array([[1, 5, 500, 0]]),
+        "padding_mask": np.array([[1, 1, 1, 0]], bool),
+    }
+    with pytest.raises(ValueError, match="out-of-range"):
+        tiny_lm.generate(prompt, stop_token_ids=None)
+
+
+def test_out_of_range_ids_in_fit_are_refused_before_training(tiny_lm):
+    """The check runs before the trainer touches any state: the model is
+    unchanged and still usable afterwards (JAX used to leave variables
+    unset after an error inside its training loop)."""
+    tiny_lm.compile(optimizer=keras.optimizers.SGD(0.1))
+    tiny_lm.preprocessor = None
+    ids = np.full((2, 9), 5, "int32")
+    before = [to_numpy(w).copy() for w in tiny_lm.weights]
+    bad = ids.copy()
+    bad[1, 4] = 10_000
+    for x_ids, y_ids in ((bad[:, :-1], ids[:, 1:]), (ids[:, :-1], bad[:, 1:])):
+        with pytest.raises(ValueError, match="out-of-range"):
+            tiny_lm.fit(
+                {"token_ids": x_ids, "padding_mask": np.ones((2, 8), "int32")},
+                y_ids,
+                epochs=1,
+                verbose=0,
+            )
+    for a, b in zip(before, tiny_lm.weights):
+        np.testing.assert_array_equal(a, to_numpy(b))
+    history = tiny_lm.fit(
+        {"token_ids": ids[:, :-1], "padding_mask": np.ones((2, 8), "int32")},
+        ids[:, 1:],
+        epochs=1,
+        verbose=0,
+    )
+    assert np.isfinite(history.history["loss"][0])
+
+
+def test_attached_tokenizer_is_checked_whenever_it_changes(
+    tiny_lm, mistral_model_path
+):
+    """A new preprocessor with another tokenizer is checked on the next call,
+    not only the first time the model is used."""
+    tiny_lm.score(np.array([[1, 5, 6]]))  # the original tokenizer passes
+    tiny_lm.preprocessor = MultiHashFormerCausalLMPreprocessor(
+        MultiHashFormerTokenizer(mistral_model_path), sequence_length=16
+    )
+    with pytest.raises(ValueError, match="tokenizer has 32768 tokens"):
+        tiny_lm.score(np.array([[1, 5, 6]]))
+
+
+def test_loss_and_metrics_see_target_signatures(tiny_lm, corpus):
+    """`compute_loss` maps the token targets to signatures `[b, s, H]` and
+    caches them for `compute_metrics` of the same step, which clears the
+    cache (see `MultiHashFormerCausalLM._target_signatures`)."""
+    seen = []
+
+    class FirstHeadAccuracy(keras.metrics.Metric):
+        def __init__(self, **kwargs):
+            super().__init__(name="first_head_accuracy", **kwargs)
+            self.total = self.add_variable(
+                (), initializer="zeros", name="total"
+            )
+            self.count = self.add_variable(
+                (), initializer="zeros", name="count"
+            )
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            seen.append(tuple(y_true.shape))
+            hit = ops.cast(
+                ops.argmax(y_pred[..., 0, :], axis=-1) == y_true[..., 0],
+                "float32",
+            )
+            self.total.assign_add(ops.sum(hit))
+            self.count.assign_add(ops.cast(ops.size(hit), "float32"))
+
+        def result(self):
+            return self.total / ops.maximum(self.count, 1.0)
+
+    tiny_lm.compile(
+        optimizer=keras.optimizers.AdamW(1e-2), metrics=[FirstHeadAccuracy()]
+    )
+    history = tiny_lm.fit(corpus[:8], batch_size=4, epochs=1, verbose=0)
+    assert 0.0 <= history.history["first_head_accuracy"][0] <= 1.0
+    assert seen and all(shape[-1] == 3 for shape in seen)  # H = 3 heads
+    assert tiny_lm._signature_cache is None
 
 
 def test_expand_vocabulary_adds_no_parameters(tiny_lm, corpus):
     old_vocabulary = tiny_lm.preprocessor.tokenizer.get_vocabulary()
     x, _, _ = tiny_lm.preprocessor(corpus[:2])
     before = to_numpy(tiny_lm.score(x["token_ids"]))
-    grown = tiny_lm.expand_vocabulary(new_tokens=["▁photosynthesis", "▁mitochondrion", "猫"])
+    grown = tiny_lm.expand_vocabulary(
+        new_tokens=["▁photosynthesis", "▁mitochondrion", "猫"]
+    )
     assert grown.backbone.vocabulary_size == len(old_vocabulary) + 3
-    assert grown.count_params() - tiny_lm.count_params() == 3 * 3  # int table rows only
-    trainable = lambda m: sum(int(np.prod(w.shape)) for w in m.trainable_weights)
-    assert trainable(grown) == trainable(tiny_lm)
-    old_rows = grown.backbone.signature_lookup.get_signatures()[: len(old_vocabulary)]
-    np.testing.assert_array_equal(old_rows, tiny_lm.backbone.signature_lookup.get_signatures())
+    assert (
+        grown.count_params() - tiny_lm.count_params() == 3 * 3
+    )  # int table rows only
+    assert count_trainable_parameters(grown) == count_trainable_parameters(
+        tiny_lm
+    )
+    old_rows = grown.backbone.signature_lookup.get_signatures()[
+        : len(old_vocabulary)
+    ]
+    np.testing.assert_array_equal(
+        old_rows, tiny_lm.backbone.signature_lookup.get_signatures()
+    )
     # Old tokens keep their unnormalised scores: the bucket logits are equal.
-    np.testing.assert_allclose(to_numpy(grown(x)), to_numpy(tiny_lm(x)), atol=1e-6)
+    np.testing.assert_allclose(
+        to_numpy(grown(x)), to_numpy(tiny_lm(x)), atol=1e-6
+    )
     after = to_numpy(grown.score(x["token_ids"]))
     assert after.shape[-1] == len(old_vocabulary) + 3
     # Renormalised over the larger vocabulary, old tokens' ranks are kept.

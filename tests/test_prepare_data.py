@@ -10,10 +10,10 @@ import pytest
 
 from keras_mhf.data import CorpusWarning
 from keras_mhf.data import PreparedCorpus
+from keras_mhf.data import prepare as prepare_module
 from keras_mhf.data import prepare_data
 from keras_mhf.data import tokenizer_fingerprint
 from keras_mhf.data import validation_score
-from keras_mhf.data import prepare as prepare_module
 from tests.conftest import CORPUS
 from tests.conftest import REPO
 
@@ -22,7 +22,10 @@ FRACTION = 0.2
 
 def make_documents(count, seed=0):
     rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(CORPUS, size=rng.integers(1, 4))) for _ in range(count)]
+    return [
+        " ".join(rng.choice(CORPUS, size=rng.integers(1, 4)))
+        for _ in range(count)
+    ]
 
 
 def write_jsonl(path, texts):
@@ -53,7 +56,9 @@ def inputs(tmp_path, documents):
 
 
 def expected_stream(sp, texts):
-    return np.concatenate([[sp.bos_id()] + sp.encode(t) for t in texts]).astype("int32")
+    return np.concatenate([[sp.bos_id()] + sp.encode(t) for t in texts]).astype(
+        "int32"
+    )
 
 
 def files_of(directory):
@@ -96,7 +101,9 @@ def test_shards_hold_the_bos_prefixed_documents(
         stream = expected_stream(sp, texts)
         assert corpus.num_tokens(split) == stream.size
         assert corpus.num_documents(split) == len(texts)
-        np.testing.assert_array_equal(corpus.read(split, 0, stream.size), stream)
+        np.testing.assert_array_equal(
+            corpus.read(split, 0, stream.size), stream
+        )
         shards = index["splits"][split]["shards"]
         assert [s["tokens"] for s in shards[:-1]] == [500] * (len(shards) - 1)
         assert 0 < shards[-1]["tokens"] <= 500
@@ -119,7 +126,9 @@ def test_shards_hold_the_bos_prefixed_documents(
     shard_files = [
         s["file"] for split in index["splits"].values() for s in split["shards"]
     ]
-    assert sorted(os.listdir(tmp_path / "out")) == sorted(["index.json"] + shard_files)
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(
+        ["index.json"] + shard_files
+    )
     corpus.verify_checksums()
 
 
@@ -140,7 +149,10 @@ def test_an_interrupted_run_resumes_to_identical_bytes(
     monkeypatch.setattr(prepare_module, "CHECKPOINT_SECONDS", 0.0)
     prepare(inputs, tokenizer_path, tmp_path / "full")
     out = tmp_path / "resumed"
-    assert prepare(inputs, tokenizer_path, out, _stop_after_shards=stop_after) is None
+    assert (
+        prepare(inputs, tokenizer_path, out, _stop_after_shards=stop_after)
+        is None
+    )
     assert not (out / "index.json").exists()
     with pytest.raises(ValueError, match="unfinished prepare_data run"):
         PreparedCorpus(out)
@@ -149,8 +161,11 @@ def test_an_interrupted_run_resumes_to_identical_bytes(
     assert files_of(out) == files_of(tmp_path / "full")
 
 
-def test_a_killed_process_resumes_to_identical_bytes(tmp_path, inputs, tokenizer_path):
-    """SIGKILL (no cleanup, unflushed buffers lost) right after the 2nd shard."""
+def test_a_killed_process_resumes_to_identical_bytes(
+    tmp_path, inputs, tokenizer_path
+):
+    """SIGKILL (no cleanup, unflushed buffers lost) right after the 2nd
+    shard."""
     out = tmp_path / "killed"
     script = f"""
 import os, signal
@@ -166,12 +181,16 @@ def killing_complete(self, reopen):
         os.kill(os.getpid(), signal.SIGKILL)
 prepare._ShardWriter._complete = killing_complete
 prepare.prepare_data({inputs!r}, {tokenizer_path!r}, {str(out)!r},
-                     validation_fraction={FRACTION}, shard_tokens=500, workers=2,
-                     progress=False)
+                     validation_fraction={FRACTION}, shard_tokens=500,
+                     workers=2, progress=False)
 """
-    run = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True)
+    run = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True
+    )
     assert run.returncode == -signal.SIGKILL, run.stderr.decode()[-2000:]
-    assert (out / "prepare_state.json").exists() and not (out / "index.json").exists()
+    assert (out / "prepare_state.json").exists() and not (
+        out / "index.json"
+    ).exists()
     prepare(inputs, tokenizer_path, out)
     prepare(inputs, tokenizer_path, tmp_path / "full")
     assert files_of(out) == files_of(tmp_path / "full")
@@ -205,20 +224,25 @@ def test_a_changed_configuration_is_refused(
         f.write("\nOne more document.\n")
     with pytest.raises(
         ValueError,
-        match=r"training inputs differ: .*part_1\.txt had \d+ bytes.*delete this one",
+        match=r"training inputs differ: .*part_1\.txt had \d+ bytes"
+        r".*delete this one",
     ):
         prepare(inputs, tokenizer_path, out)
     # A finished directory: the same arguments are a no-op, others refused.
     finished = tmp_path / "finished"
     first = prepare(inputs, tokenizer_path, finished)
-    before = {n: os.stat(finished / n).st_mtime_ns for n in os.listdir(finished)}
+    before = {
+        n: os.stat(finished / n).st_mtime_ns for n in os.listdir(finished)
+    }
     capsys.readouterr()
     assert prepare(inputs, tokenizer_path, finished) == first
     assert "nothing to do" in capsys.readouterr().err
     assert {
         n: os.stat(finished / n).st_mtime_ns for n in os.listdir(finished)
     } == before
-    with pytest.raises(ValueError, match="a prepared corpus made with different"):
+    with pytest.raises(
+        ValueError, match="a prepared corpus made with different"
+    ):
         prepare(inputs, tokenizer_path, finished, shard_tokens=1000)
 
 
@@ -252,7 +276,8 @@ def test_a_truncated_shard_is_refused(tmp_path, inputs, tokenizer_path):
     shard = out / "train_00001.bin"
     shard.write_bytes(shard.read_bytes()[:-2])
     with pytest.raises(
-        ValueError, match=r"train_00001\.bin has 998 bytes, expected 1000.*Re-run"
+        ValueError,
+        match=r"train_00001\.bin has 998 bytes, expected 1000.*Re-run",
     ):
         PreparedCorpus(out)
     shard.unlink()
@@ -268,7 +293,9 @@ def test_check_tokenizer(tmp_path, inputs, tokenizer_path, small_tokenizer):
     corpus.check_tokenizer(tokenizer_path)
     corpus.check_tokenizer(open(tokenizer_path, "rb").read())
     corpus.check_tokenizer(small_tokenizer)
-    corpus.check_tokenizer(spm.SentencePieceProcessor(model_file=tokenizer_path))
+    corpus.check_tokenizer(
+        spm.SentencePieceProcessor(model_file=tokenizer_path)
+    )
     other = tmp_path / "other.model"
     other.write_bytes(open(tokenizer_path, "rb").read() + b"\0")
     expected = tokenizer_fingerprint(str(other))[:16]
@@ -288,17 +315,23 @@ def test_bad_arguments_are_refused(tmp_path, inputs, tokenizer_path):
         ):
             prepare(inputs, tokenizer_path, tmp_path / "w", workers=workers)
     (tmp_path / "junk.model").write_bytes(b"not a model")
-    with pytest.raises(ValueError, match=r"junk\.model is not a SentencePiece model"):
+    with pytest.raises(
+        ValueError, match=r"junk\.model is not a SentencePiece model"
+    ):
         prepare(inputs, str(tmp_path / "junk.model"), tmp_path / "j")
     with pytest.raises(FileNotFoundError, match="No such tokenizer file"):
         prepare(inputs, str(tmp_path / "missing.model"), tmp_path / "m")
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         prepare(str(tmp_path / "missing.jsonl"), tokenizer_path, tmp_path / "m")
-    with pytest.raises(ValueError, match="validation_fraction must be between 0 and 1"):
+    with pytest.raises(
+        ValueError, match="validation_fraction must be between 0 and 1"
+    ):
         prepare(inputs, tokenizer_path, tmp_path / "f", validation_fraction=0.0)
     (tmp_path / "full_dir").mkdir()
     (tmp_path / "full_dir" / "notes.txt").write_text("mine")
-    with pytest.raises(ValueError, match="is not empty and holds no prepare_data run"):
+    with pytest.raises(
+        ValueError, match="is not empty and holds no prepare_data run"
+    ):
         prepare(inputs, tokenizer_path, tmp_path / "full_dir")
 
 
@@ -308,24 +341,38 @@ def test_empty_and_one_document_corpora_are_refused(tmp_path, tokenizer_path):
         prepare(str(tmp_path / "blank.txt"), tokenizer_path, tmp_path / "e")
     assert not (tmp_path / "e").exists()
     (tmp_path / "one.txt").write_text("Water boils at one hundred degrees.\n")
-    with pytest.raises(ValueError, match="corpus has 1 document .*--validation"):
+    with pytest.raises(
+        ValueError, match="corpus has 1 document .*--validation"
+    ):
         prepare(str(tmp_path / "one.txt"), tokenizer_path, tmp_path / "o")
     assert not (tmp_path / "o").exists()
 
 
-def test_separate_validation_inputs(tmp_path, inputs, tokenizer_path, documents):
+def test_separate_validation_inputs(
+    tmp_path, inputs, tokenizer_path, documents
+):
     import sentencepiece as spm
 
-    held = write_jsonl(tmp_path / "held.jsonl", ["Held out one.", "Held out two."])
-    index = prepare(inputs, tokenizer_path, tmp_path / "out", validation_inputs=held)
+    held = write_jsonl(
+        tmp_path / "held.jsonl", ["Held out one.", "Held out two."]
+    )
+    index = prepare(
+        inputs, tokenizer_path, tmp_path / "out", validation_inputs=held
+    )
     assert index["validation"] == {"rule": "inputs"}
     sp = spm.SentencePieceProcessor(model_file=tokenizer_path)
     corpus = PreparedCorpus(tmp_path / "out")
     stream = expected_stream(sp, ["Held out one.", "Held out two."])
-    np.testing.assert_array_equal(corpus.read("validation", 0, stream.size), stream)
+    np.testing.assert_array_equal(
+        corpus.read("validation", 0, stream.size), stream
+    )
     assert corpus.num_documents("train") == len(documents)
-    with pytest.raises(ValueError, match="both a training and a validation input"):
-        prepare(inputs, tokenizer_path, tmp_path / "x", validation_inputs=inputs)
+    with pytest.raises(
+        ValueError, match="both a training and a validation input"
+    ):
+        prepare(
+            inputs, tokenizer_path, tmp_path / "x", validation_inputs=inputs
+        )
 
 
 def test_skipped_bad_lines_are_counted_in_the_index(
@@ -338,7 +385,9 @@ def test_skipped_bad_lines_are_counted_in_the_index(
     with pytest.raises(ValueError, match=r"bad\.jsonl:51: 'text' is null"):
         prepare(str(path), tokenizer_path, tmp_path / "fail")
     with pytest.warns(CorpusWarning) as caught:
-        index = prepare(str(path), tokenizer_path, tmp_path / "fail", on_error="skip")
+        index = prepare(
+            str(path), tokenizer_path, tmp_path / "fail", on_error="skip"
+        )
     messages = " ".join(str(w.message) for w in caught)
     assert "bad.jsonl:51: 'text' is null" in messages
     assert "bad.jsonl:52: invalid JSON" in messages
@@ -352,10 +401,15 @@ def test_token_dtype_follows_the_vocabulary(
     assert prepare_module.token_dtype(65536) == np.uint16
     assert prepare_module.token_dtype(65537) == np.uint32
     prepare(inputs, tokenizer_path, tmp_path / "u16")
-    monkeypatch.setattr(prepare_module, "token_dtype", lambda size: np.dtype("<u4"))
+    monkeypatch.setattr(
+        prepare_module, "token_dtype", lambda size: np.dtype("<u4")
+    )
     index = prepare(inputs, tokenizer_path, tmp_path / "u32")
     assert index["dtype"] == "uint32"
-    narrow, wide = PreparedCorpus(tmp_path / "u16"), PreparedCorpus(tmp_path / "u32")
+    narrow, wide = (
+        PreparedCorpus(tmp_path / "u16"),
+        PreparedCorpus(tmp_path / "u32"),
+    )
     assert wide.dtype == np.uint32
     assert os.path.getsize(wide.shard_paths("train")[0]) == 500 * 4
     for split in ("train", "validation"):
@@ -368,7 +422,10 @@ def test_token_dtype_follows_the_vocabulary(
 def test_command_line(tmp_path, inputs, tokenizer_path):
     tool = os.path.join(REPO, "tools", "prepare_data.py")
     shown = subprocess.run(
-        [sys.executable, tool, "--help"], capture_output=True, text=True, check=True
+        [sys.executable, tool, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for option in (
         "--tokenizer",
@@ -411,7 +468,9 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
 def test_command_line_errors(tmp_path, inputs, tokenizer_path, capsys):
     import runpy
 
-    main = runpy.run_path(os.path.join(REPO, "tools", "prepare_data.py"))["main"]
+    main = runpy.run_path(os.path.join(REPO, "tools", "prepare_data.py"))[
+        "main"
+    ]
     code = main(
         [
             "--tokenizer",
@@ -434,7 +493,9 @@ def test_mistral_tokenizer_on_openstax_documents(
 
     from keras_mhf.data import read_documents
 
-    texts = list(read_documents(os.path.join(openstax_dir, "train_00.jsonl"), limit=12))
+    texts = list(
+        read_documents(os.path.join(openstax_dir, "train_00.jsonl"), limit=12)
+    )
     source = write_jsonl(tmp_path / "few.jsonl", texts)
     held = write_jsonl(tmp_path / "held.jsonl", texts[-2:])
     write_jsonl(tmp_path / "few.jsonl", texts[:-2])

@@ -8,12 +8,18 @@ from keras_mhf import SignatureTable
 
 
 def bucket(token, seed, num_buckets):
-    return mmh3.hash128(token, seed=seed, x64arch=True, signed=False) % (num_buckets - 1) + 1
+    return (
+        mmh3.hash128(token, seed=seed, x64arch=True, signed=False)
+        % (num_buckets - 1)
+        + 1
+    )
 
 
 def test_formula_on_fresh_tokens():
     tokens = ["<pad>", "▁the", "<0x0A>", "[INST]", "猫"]
-    table = SignatureTable.from_tokens(tokens, num_hashes=3, num_buckets=1000, pad_token_id=0)
+    table = SignatureTable.from_tokens(
+        tokens, num_hashes=3, num_buckets=1000, pad_token_id=0
+    )
     assert table.signatures.dtype == np.int32
     assert table[0] == (0, 0, 0)
     for v, token in enumerate(tokens[1:], start=1):
@@ -45,7 +51,9 @@ def test_reference_pad_overwrites_single_hash_state():
     # H=1: the prefix is () for every token, and the authors' code also
     # stores the pad token under it.
     tokens = [f"w{i}" for i in range(50)]
-    table = SignatureTable.from_tokens(tokens, 1, 5, pad_token_id=3, rule="reference")
+    table = SignatureTable.from_tokens(
+        tokens, 1, 5, pad_token_id=3, rule="reference"
+    )
     assert table[3] == (0,)
     # Token 4 is compared with the pad's stored bucket 0, so never re-hashed.
     assert table[4] == (bucket("w4", 0, 5),)
@@ -53,12 +61,16 @@ def test_reference_pad_overwrites_single_hash_state():
 
 @pytest.mark.parametrize("rule", ["unique", "reference"])
 def test_mistral_vectors(mistral_pieces, rule):
-    h4 = SignatureTable.from_tokens(mistral_pieces, 4, 16384, pad_token_id=2, rule=rule)
+    h4 = SignatureTable.from_tokens(
+        mistral_pieces, 4, 16384, pad_token_id=2, rule=rule
+    )
     assert mistral_pieces[1040] == "▁the"
     assert h4[1040] == (13955, 885, 4162, 1526)
     assert h4[1] == (1846, 11923, 6888, 4729)
     assert h4[2] == (0, 0, 0, 0)
-    h3 = SignatureTable.from_tokens(mistral_pieces, 3, 4096, pad_token_id=2, rule=rule)
+    h3 = SignatureTable.from_tokens(
+        mistral_pieces, 3, 4096, pad_token_id=2, rule=rule
+    )
     assert mistral_pieces[28845] == "▁alto"
     assert h3[28845] == (1356, 630, 3594)
     # One re-hash: seed 2 gave a taken bucket, seed 3 gives 3594.
@@ -76,9 +88,9 @@ def test_released_configs_identical_under_both_rules(mistral_pieces):
 def test_single_hash_reference_is_many_to_one(mistral_pieces):
     # The authors' H1 ablations (paper Table 3) collapse the vocabulary.
     distinct = [
-        SignatureTable.from_tokens(mistral_pieces, 1, b, 2, "reference").statistics()[
-            "distinct_signatures"
-        ]
+        SignatureTable.from_tokens(
+            mistral_pieces, 1, b, 2, "reference"
+        ).statistics()["distinct_signatures"]
         for b in (4096, 8192, 16384)
     ]
     assert distinct == [4092, 8044, 14133]
@@ -92,7 +104,9 @@ def test_expansion_keeps_old_rows():
     for rule in ("unique", "reference"):
         base = SignatureTable.from_tokens(old, 2, 40, pad_token_id=0, rule=rule)
         grown = base.expand(new)
-        full = SignatureTable.from_tokens(old + new, 2, 40, pad_token_id=0, rule=rule)
+        full = SignatureTable.from_tokens(
+            old + new, 2, 40, pad_token_id=0, rule=rule
+        )
         np.testing.assert_array_equal(grown.signatures[:300], base.signatures)
         np.testing.assert_array_equal(grown.signatures, full.signatures)
         assert len(grown) == 500 and len(base) == 300
@@ -118,16 +132,26 @@ def test_fingerprint_is_stable():
         (dict(num_buckets=1), "num_buckets"),
         (dict(pad_token_id=3), "pad_token_id"),
         (dict(rule="mine"), "rule"),
-        (dict(tokens=[f"t{i}" for i in range(20)], num_hashes=2, num_buckets=4), "capacity"),
+        (
+            dict(
+                tokens=[f"t{i}" for i in range(20)], num_hashes=2, num_buckets=4
+            ),
+            "capacity",
+        ),
     ],
 )
 def test_bad_input_is_refused(kwargs, message):
-    args = dict(tokens=["a", "b", "c"], num_hashes=2, num_buckets=16, pad_token_id=None)
+    args = dict(
+        tokens=["a", "b", "c"], num_hashes=2, num_buckets=16, pad_token_id=None
+    )
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         SignatureTable.from_tokens(
-            args["tokens"], args["num_hashes"], args["num_buckets"],
-            args["pad_token_id"], args.get("rule", "unique"),
+            args["tokens"],
+            args["num_hashes"],
+            args["num_buckets"],
+            args["pad_token_id"],
+            args.get("rule", "unique"),
         )
 
 
@@ -135,7 +159,9 @@ def test_full_prefix_fails_fast():
     # Capacity (B-1)^H = 9 holds 4 tokens, but only the last head is re-hashed:
     # four tokens sharing the first bucket cannot all be unique under B-1 = 3
     # last-head buckets, and the build must say so at once, not loop.
-    tokens = [t for t in (f"t{i}" for i in range(100)) if bucket(t, 0, 4) == 1][:4]
+    tokens = [t for t in (f"t{i}" for i in range(100)) if bucket(t, 0, 4) == 1][
+        :4
+    ]
     start = time.time()
     with pytest.raises(ValueError, match="prefix"):
         SignatureTable.from_tokens(tokens, 2, 4)
@@ -143,7 +169,9 @@ def test_full_prefix_fails_fast():
 
 
 def test_statistics():
-    table = SignatureTable.from_tokens([f"t{i}" for i in range(100)], 2, 32, pad_token_id=0)
+    table = SignatureTable.from_tokens(
+        [f"t{i}" for i in range(100)], 2, 32, pad_token_id=0
+    )
     stats = table.statistics()
     assert stats["capacity"] == 31**2
     assert stats["distinct_signatures"] == 99
@@ -163,8 +191,18 @@ def test_256k_vocabulary_is_fast():
 
 def test_repeated_rule_is_the_single_hash_table_in_every_head():
     tokens = [f"w{i}" for i in range(60)]
-    single = SignatureTable.from_tokens(tokens, 1, 16, pad_token_id=2, rule="reference")
-    repeated = SignatureTable.from_tokens(tokens, 4, 16, pad_token_id=2, rule="repeated")
-    np.testing.assert_array_equal(repeated.signatures, np.tile(single.signatures, (1, 4)))
-    grown = SignatureTable.from_tokens(tokens[:40], 4, 16, pad_token_id=2, rule="repeated")
-    np.testing.assert_array_equal(grown.expand(tokens[40:]).signatures, repeated.signatures)
+    single = SignatureTable.from_tokens(
+        tokens, 1, 16, pad_token_id=2, rule="reference"
+    )
+    repeated = SignatureTable.from_tokens(
+        tokens, 4, 16, pad_token_id=2, rule="repeated"
+    )
+    np.testing.assert_array_equal(
+        repeated.signatures, np.tile(single.signatures, (1, 4))
+    )
+    grown = SignatureTable.from_tokens(
+        tokens[:40], 4, 16, pad_token_id=2, rule="repeated"
+    )
+    np.testing.assert_array_equal(
+        grown.expand(tokens[40:]).signatures, repeated.signatures
+    )

@@ -16,33 +16,54 @@ from tests.conftest import DATA
 from tests.conftest import REPO
 
 NEW_TEXTS = {
-    "zh": ["细胞是生命的基本单位。", "水在海平面一百度沸腾。", "光比声音传播得快。"] * 5,
+    "zh": [
+        "细胞是生命的基本单位。",
+        "水在海平面一百度沸腾。",
+        "光比声音传播得快。",
+    ]
+    * 5,
     "hi": ["कोशिका जीवन की मूल इकाई है।", "पानी सौ डिग्री पर उबलता है।"] * 5,
-    "ar": ["الخلية هي الوحدة الأساسية للحياة.", "الماء يغلي عند مائة درجة."] * 5,
+    "ar": ["الخلية هي الوحدة الأساسية للحياة.", "الماء يغلي عند مائة درجة."]
+    * 5,
 }
 
 
 def test_new_pieces_are_appended_and_english_is_unchanged(small_proto, corpus):
-    new_proto, pieces = expand_sentencepiece(small_proto, NEW_TEXTS, pieces_per_language=30)
+    new_proto, pieces = expand_sentencepiece(
+        small_proto, NEW_TEXTS, pieces_per_language=30
+    )
     old = spm.SentencePieceProcessor(model_proto=small_proto)
     new = spm.SentencePieceProcessor(model_proto=new_proto)
     size = old.get_piece_size()
     assert new.get_piece_size() == size + len(pieces) and 0 < len(pieces) <= 90
-    assert [new.id_to_piece(i) for i in range(size)] == [old.id_to_piece(i) for i in range(size)]
+    assert [new.id_to_piece(i) for i in range(size)] == [
+        old.id_to_piece(i) for i in range(size)
+    ]
     assert [new.id_to_piece(size + i) for i in range(len(pieces))] == pieces
     for text in corpus + ["Numbers 123 and symbols %$ stay."]:
         assert new.encode(text) == old.encode(text)
     zh = NEW_TEXTS["zh"][0]
-    assert len(new.encode(zh)) < len(old.encode(zh)) or old.unk_id() in old.encode(zh)
+    assert len(new.encode(zh)) < len(
+        old.encode(zh)
+    ) or old.unk_id() in old.encode(zh)
     assert any(new.id_to_piece(i) in pieces for i in new.encode(zh))
 
 
-def test_expanded_mhf_model_uses_the_new_tokenizer(tiny_lm, small_proto, tmp_path):
-    new_proto, pieces = expand_sentencepiece(small_proto, NEW_TEXTS, pieces_per_language=20)
+def test_expanded_mhf_model_uses_the_new_tokenizer(
+    tiny_lm, small_proto, tmp_path
+):
+    new_proto, pieces = expand_sentencepiece(
+        small_proto, NEW_TEXTS, pieces_per_language=20
+    )
     path = tmp_path / "new.model"
     path.write_bytes(new_proto)
-    grown = tiny_lm.expand_vocabulary(tokenizer=MultiHashFormerTokenizer(str(path)))
-    assert grown.backbone.vocabulary_size == tiny_lm.backbone.vocabulary_size + len(pieces)
+    grown = tiny_lm.expand_vocabulary(
+        tokenizer=MultiHashFormerTokenizer(str(path))
+    )
+    assert (
+        grown.backbone.vocabulary_size
+        == tiny_lm.backbone.vocabulary_size + len(pieces)
+    )
     assert grown.generate("细胞", max_length=8)
     # A tokenizer that lacks the model's current pieces is refused.
     with pytest.raises(ValueError, match="does not start with"):
@@ -51,20 +72,30 @@ def test_expanded_mhf_model_uses_the_new_tokenizer(tiny_lm, small_proto, tmp_pat
 
 def test_standard_mean_initialisation(small_tokenizer, small_proto, tmp_path):
     model = standard_causal_lm(small_tokenizer, "tiny", sequence_length=16)
-    new_proto, pieces = expand_sentencepiece(small_proto, NEW_TEXTS, pieces_per_language=10)
+    new_proto, pieces = expand_sentencepiece(
+        small_proto, NEW_TEXTS, pieces_per_language=10
+    )
     path = tmp_path / "new.model"
     path.write_bytes(new_proto)
-    grown = expand_standard_vocabulary(model, MultiHashFormerTokenizer(str(path)))
+    grown = expand_standard_vocabulary(
+        model, MultiHashFormerTokenizer(str(path))
+    )
     old_rows = ops.convert_to_numpy(model.backbone.token_embedding.embeddings)
     rows = ops.convert_to_numpy(grown.backbone.token_embedding.embeddings)
     np.testing.assert_array_equal(rows[: len(old_rows)], old_rows)
     old_sp = spm.SentencePieceProcessor(model_proto=small_proto)
     piece = pieces[0]
     text = piece.replace("▁", " ")
-    ids = old_sp.encode(text.lstrip()) if text.startswith(" ") else old_sp.encode(text)
+    ids = (
+        old_sp.encode(text.lstrip())
+        if text.startswith(" ")
+        else old_sp.encode(text)
+    )
     if not text.startswith(" ") and ids and old_sp.id_to_piece(ids[0]) == "▁":
         ids = ids[1:]
-    np.testing.assert_allclose(rows[len(old_rows)], old_rows[ids].mean(0), rtol=1e-6)
+    np.testing.assert_allclose(
+        rows[len(old_rows)], old_rows[ids].mean(0), rtol=1e-6
+    )
     added = grown.count_params() - model.count_params()
     assert added == len(pieces) * model.backbone.hidden_dim
 
@@ -74,7 +105,13 @@ def test_freezing_keeps_first_and_last_two_blocks(small_tokenizer):
     frozen = freeze_for_continual_pretraining(model)
     assert frozen == [2, 3]
     assert [b.trainable for b in model.backbone.transformer_layers] == [
-        True, True, False, False, True, True]
+        True,
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
     assert model.backbone.token_embedding.trainable
 
 
@@ -85,16 +122,40 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
     from keras_mhf.models import MultiHashFormerCausalLM
 
     tokenizer = MultiHashFormerTokenizer(mistral_model_path)
-    MultiHashFormerCausalLM.from_tokenizer(tokenizer, "tiny_h3b256", sequence_length=32) \
-        .save_to_preset(str(tmp_path / "mhf"))
-    standard_causal_lm(tokenizer, "tiny", sequence_length=32).save_to_preset(str(tmp_path / "std"))
+    MultiHashFormerCausalLM.from_tokenizer(
+        tokenizer, "tiny_h3b256", sequence_length=32
+    ).save_to_preset(str(tmp_path / "mhf"))
+    standard_causal_lm(tokenizer, "tiny", sequence_length=32).save_to_preset(
+        str(tmp_path / "std")
+    )
     done = subprocess.run(
-        [sys.executable, str(REPO / "recipes" / "expand_vocabulary.py"),
-         "--mhf", str(tmp_path / "mhf"), "--standard", str(tmp_path / "std"),
-         "--data", str(data), "--output", str(tmp_path / "ve"), "--pieces-per-language", "60",
-         "--steps", "3", "--batch-size", "2", "--sequence-length", "32",
-         "--max-train-lines", "150", "--validation-lines", "8"],
-        capture_output=True, text=True, timeout=900,
+        [
+            sys.executable,
+            str(REPO / "recipes" / "expand_vocabulary.py"),
+            "--mhf",
+            str(tmp_path / "mhf"),
+            "--standard",
+            str(tmp_path / "std"),
+            "--data",
+            str(data),
+            "--output",
+            str(tmp_path / "ve"),
+            "--pieces-per-language",
+            "60",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--sequence-length",
+            "32",
+            "--max-train-lines",
+            "150",
+            "--validation-lines",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / "ve" / "report.md").read_text()

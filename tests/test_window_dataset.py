@@ -22,7 +22,10 @@ def corpus(tmp_path_factory, small_proto):
     root = tmp_path_factory.mktemp("windows")
     (root / "small.model").write_bytes(small_proto)
     rng = np.random.default_rng(1)
-    texts = [" ".join(rng.choice(CORPUS, size=rng.integers(1, 4))) for _ in range(200)]
+    texts = [
+        " ".join(rng.choice(CORPUS, size=rng.integers(1, 4)))
+        for _ in range(200)
+    ]
     (root / "docs.jsonl").write_text(
         "".join(json.dumps({"text": t}) + "\n" for t in texts)
     )
@@ -44,13 +47,20 @@ def batches(dataset):
 
 def test_batches_are_windows_of_the_token_stream(corpus):
     stream = corpus.read("train", 0, corpus.num_tokens("train"))
-    dataset = window_dataset(corpus, "train", SEQUENCE_LENGTH, 8, seed=3, num_steps=5)
+    dataset = window_dataset(
+        corpus, "train", SEQUENCE_LENGTH, 8, seed=3, num_steps=5
+    )
     assert len(dataset) == 5
     sampler = WindowSampler(corpus, "train", SEQUENCE_LENGTH, 8, seed=3)
     for step, (x, y, sample_weight) in enumerate(batches(dataset)):
         starts = sampler.starts(step)
-        assert starts.min() >= 0 and starts.max() <= stream.size - SEQUENCE_LENGTH - 1
-        windows = np.stack([stream[s : s + SEQUENCE_LENGTH + 1] for s in starts])
+        assert (
+            starts.min() >= 0
+            and starts.max() <= stream.size - SEQUENCE_LENGTH - 1
+        )
+        windows = np.stack(
+            [stream[s : s + SEQUENCE_LENGTH + 1] for s in starts]
+        )
         expected_x, expected_y, expected_weight = blocks_to_features(windows)
         for got, want in (
             (x["token_ids"], expected_x["token_ids"]),
@@ -60,7 +70,10 @@ def test_batches_are_windows_of_the_token_stream(corpus):
         ):
             assert got.dtype == want.dtype and got.shape == want.shape
             np.testing.assert_array_equal(got, want)
-        assert x["token_ids"].dtype == np.int32 and sample_weight.dtype == np.float32
+        assert (
+            x["token_ids"].dtype == np.int32
+            and sample_weight.dtype == np.float32
+        )
         assert (x["padding_mask"] == 1).all() and (sample_weight == 1).all()
 
 
@@ -82,7 +95,13 @@ def test_data_depends_only_on_seed_and_step(corpus):
     )
     resumed = batches(
         window_dataset(
-            corpus, "train", SEQUENCE_LENGTH, 4, seed=7, start_step=4, num_steps=2
+            corpus,
+            "train",
+            SEQUENCE_LENGTH,
+            4,
+            seed=7,
+            start_step=4,
+            num_steps=2,
         )
     )
     for a, b in zip(full[4:], resumed):
@@ -90,7 +109,12 @@ def test_data_depends_only_on_seed_and_step(corpus):
         np.testing.assert_array_equal(a[1], b[1])
     again = batches(
         window_dataset(
-            str(corpus.directory), "train", SEQUENCE_LENGTH, 4, seed=7, num_steps=6
+            str(corpus.directory),
+            "train",
+            SEQUENCE_LENGTH,
+            4,
+            seed=7,
+            num_steps=6,
         )
     )
     assert all((a[1] == b[1]).all() for a, b in zip(full, again))
@@ -99,14 +123,21 @@ def test_data_depends_only_on_seed_and_step(corpus):
     )
     assert not all((a[1] == b[1]).all() for a, b in zip(full, other))
     np.testing.assert_array_equal(
-        window_starts(7, [5, 6], 1000), window_starts(7, np.arange(10), 1000)[5:7]
+        window_starts(7, [5, 6], 1000),
+        window_starts(7, np.arange(10), 1000)[5:7],
     )
 
 
 def test_processes_read_disjoint_rows_whose_union_is_the_global_batch(corpus):
     single = batches(
         window_dataset(
-            corpus, "train", SEQUENCE_LENGTH, 8, seed=1, start_step=2, num_steps=3
+            corpus,
+            "train",
+            SEQUENCE_LENGTH,
+            8,
+            seed=1,
+            start_step=2,
+            num_steps=3,
         )
     )
     for count in (2, 4):
@@ -128,13 +159,21 @@ def test_processes_read_disjoint_rows_whose_union_is_the_global_batch(corpus):
         ]
         for step in range(3):
             assert parts[0][step][1].shape == (8 // count, SEQUENCE_LENGTH)
-            union = np.concatenate([part[step][0]["token_ids"] for part in parts])
+            union = np.concatenate(
+                [part[step][0]["token_ids"] for part in parts]
+            )
             np.testing.assert_array_equal(union, single[step][0]["token_ids"])
     with pytest.raises(
         ValueError, match="batch_size=8 does not divide by process_count=3"
     ):
         window_dataset(
-            corpus, "train", SEQUENCE_LENGTH, 8, seed=1, num_steps=1, process_count=3
+            corpus,
+            "train",
+            SEQUENCE_LENGTH,
+            8,
+            seed=1,
+            num_steps=1,
+            process_count=3,
         )
     with pytest.raises(ValueError, match=r"process_index must be in \[0, 2\)"):
         window_dataset(
@@ -159,13 +198,17 @@ def test_starts_are_spread_uniformly():
 def test_validation_windows_are_the_first_consecutive_windows(corpus):
     stream = corpus.read("validation", 0, corpus.num_tokens("validation"))
     windows = validation_windows(corpus, SEQUENCE_LENGTH, count=5)
-    assert windows.shape == (5, SEQUENCE_LENGTH + 1) and windows.dtype == np.int32
+    assert (
+        windows.shape == (5, SEQUENCE_LENGTH + 1) and windows.dtype == np.int32
+    )
     np.testing.assert_array_equal(
         windows.reshape(-1), stream[: 5 * (SEQUENCE_LENGTH + 1)]
     )
     every = validation_windows(corpus, SEQUENCE_LENGTH, count=10**6)
     assert len(every) == stream.size // (SEQUENCE_LENGTH + 1)
-    np.testing.assert_array_equal(validation_windows(corpus, SEQUENCE_LENGTH), every)
+    np.testing.assert_array_equal(
+        validation_windows(corpus, SEQUENCE_LENGTH), every
+    )
 
 
 def test_a_split_shorter_than_one_window_is_refused(corpus):
@@ -179,7 +222,9 @@ def test_a_split_shorter_than_one_window_is_refused(corpus):
     with pytest.raises(ValueError, match="fewer than one window"):
         validation_windows(corpus, tokens)
     window_dataset(corpus, "validation", tokens - 1, 2, seed=0, num_steps=1)[0]
-    with pytest.raises(ValueError, match="split must be 'train' or 'validation'"):
+    with pytest.raises(
+        ValueError, match="split must be 'train' or 'validation'"
+    ):
         window_dataset(corpus, "test", 4, 2, seed=0, num_steps=1)
 
 
@@ -202,7 +247,9 @@ def test_fit_on_the_window_dataset(corpus, small_proto):
     )
     lm.compile(optimizer=keras.optimizers.AdamW(1e-3))
     lm.preprocessor = None  # the dataset yields token ids
-    dataset = window_dataset(corpus, "train", SEQUENCE_LENGTH, 4, seed=0, num_steps=2)
+    dataset = window_dataset(
+        corpus, "train", SEQUENCE_LENGTH, 4, seed=0, num_steps=2
+    )
     history = lm.fit(dataset, epochs=1, verbose=0, shuffle=False)
     assert np.isfinite(history.history["loss"][-1])
     assert int(lm.optimizer.iterations) == 2

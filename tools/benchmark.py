@@ -1,12 +1,12 @@
 """MultiHashFormer vs the Standard baseline (KerasHub Qwen3), measured side
 by side in one run: training throughput, peak training memory, generation
-latency per token with the KV cache (median of 3 calls), scoring throughput, analytic FLOPs per
-token, model-FLOPs utilisation and MHF/Standard ratios.
+latency per token with the KV cache (median of 3 calls), scoring throughput,
+analytic FLOPs per token, model-FLOPs utilisation and MHF/Standard ratios.
 
-    python tools/benchmark.py                              # jax; V = 32K, 128K, 256K
+    python tools/benchmark.py          # jax; V = 32K, 128K, 256K
     python tools/benchmark.py --backends jax tensorflow torch --vocab 32768
     python tools/benchmark.py --hidden-dim 256 --num-layers 8
-    python tools/benchmark.py --smoke                      # seconds; CI runs this
+    python tools/benchmark.py --smoke  # seconds; CI runs this
     python tools/benchmark.py --compare before.json after.json
 
 Every (backend, vocabulary, model) is measured in its own subprocess, so peak
@@ -26,88 +26,70 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from keras_mhf import benchmarking
+from keras_mhf.utils.keras_utils import count_trainable_parameters
 
 CONFIGS = {"standard": None, "h3b10624": (3, 10624), "h4b16384": (4, 16384)}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--backends", nargs="+", default=["jax"])
-    p.add_argument("--vocab", nargs="+", type=int, default=[32768, 131072, 262144])
-    p.add_argument("--configs", nargs="+", default=list(CONFIGS),
-                   help="standard and/or h<H>b<B> hash configurations")
+    p.add_argument(
+        "--vocab", nargs="+", type=int, default=[32768, 131072, 262144]
+    )
+    p.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS),
+        help="standard and/or h<H>b<B> hash configurations",
+    )
     p.add_argument("--hidden-dim", type=int, default=512)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--sequence-length", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=10, help="timed training steps (median)")
-    p.add_argument("--new-tokens", type=int, default=32, help="generated tokens timed")
+    p.add_argument(
+        "--steps", type=int, default=10, help="timed training steps (median)"
+    )
+    p.add_argument(
+        "--new-tokens", type=int, default=32, help="generated tokens timed"
+    )
     p.add_argument("--output", default="benchmark.json")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the tool runs")
-    p.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
-                   help="print a before/after table of two JSON outputs and exit")
-    p.add_argument("--worker", nargs=3, metavar=("BACKEND", "VOCAB", "CONFIG"),
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny sizes: checks the tool runs"
+    )
+    p.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BEFORE", "AFTER"),
+        help="print a before/after table of two JSON outputs and exit",
+    )
+    p.add_argument(
+        "--worker",
+        nargs=3,
+        metavar=("BACKEND", "VOCAB", "CONFIG"),
+        help=argparse.SUPPRESS,
+    )
     return p.parse_args(argv)
 
 
 def trunk_kwargs(args):
-    d = args.hidden_dim
-    heads = max(1, d // 64)
-    return dict(num_layers=args.num_layers, hidden_dim=d, num_query_heads=heads,
-                num_key_value_heads=max(1, heads // 4), head_dim=d // heads,
-                intermediate_dim=3 * d)
+    return benchmarking.trunk_kwargs(args.hidden_dim, args.num_layers)
 
 
 def flops_per_token(config, vocabulary_size, trunk, context, factor=6):
-    """Analytic FLOPs per token of a trunk (`trunk_kwargs` keys): training
-    is `6 x` the forward multiply-adds at `context` = the sequence length;
-    generation is `2 x` them at the average context of the new tokens."""
-    d, L, s = trunk["hidden_dim"], trunk["num_layers"], context
-    q, kv, hd, ff = (trunk["num_query_heads"], trunk["num_key_value_heads"],
-                     trunk["head_dim"], trunk["intermediate_dim"])
-    body = L * (d * hd * (2 * q + 2 * kv) + 3 * d * ff)
-    attention = L * 2 * q * hd * s  # QK^T and AV, causal average over positions
-    if config == "standard":
-        head = vocabulary_size * d
-    else:
-        h, b = parse_config(config)
-        # H bucket logits + H-1 soft retrievals, the H-1 mixers and the gate.
-        head = (2 * h - 1) * b * d + (h - 1) * 3 * 64 * d + h * d * 64 + d * d
-    return factor * (body + attention + head)
-
-
-def parse_config(config):
-    h, b = config[1:].split("b")
-    return int(h), int(b)
+    return benchmarking.flops_per_token(
+        config, vocabulary_size, trunk, context, factor
+    )
 
 
 def build(config, vocabulary_size, args):
-    import keras
-
-    from keras_mhf.models import MultiHashFormerCausalLM
-    from keras_mhf.models import standard_backbone
-
-    keras.utils.set_random_seed(0)
-    t = trunk_kwargs(args)
-    if config == "standard":
-        from keras_hub.models import Qwen3CausalLM
-
-        backbone = standard_backbone(vocabulary_size, "tiny", **t)
-        model = Qwen3CausalLM(backbone=backbone, preprocessor=None)
-        loss = keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="mean_with_sample_weight")
-    else:
-        h, b = parse_config(config)
-        tokens = ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(vocabulary_size - 3)]
-        model = MultiHashFormerCausalLM.from_tokens(
-            tokens, f"tiny_h{h}b{b}", pad_token_id=2, **t)
-        loss = "auto"
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss=loss, sampler="greedy")
-    return model
+    return benchmarking.benchmark_model(
+        config, vocabulary_size, trunk_kwargs(args)
+    )
 
 
 def rss_mb():
@@ -140,23 +122,31 @@ def worker(backend, vocabulary_size, config, args):
     peak = rss_mb() - baseline
     step = float(np.median(times))
     result = {
-        "backend": backend, "vocabulary_size": vocabulary_size, "config": config,
-        "train_step_s": step, "train_step_min_s": float(min(times)),
+        "backend": backend,
+        "vocabulary_size": vocabulary_size,
+        "config": config,
+        "train_step_s": step,
+        "train_step_min_s": float(min(times)),
         "train_step_max_s": float(max(times)),
         "train_tokens_per_s": b * s / step,
         "peak_train_memory_mb": peak,
-        "flops_per_token": flops_per_token(config, vocabulary_size, trunk_kwargs(args),
-                                           args.sequence_length),
-        "parameters": int(sum(np.prod(w.shape) for w in model.trainable_weights)),
+        "flops_per_token": flops_per_token(
+            config, vocabulary_size, trunk_kwargs(args), args.sequence_length
+        ),
+        "parameters": count_trainable_parameters(model),
     }
-    result["achieved_flops"] = result["flops_per_token"] * result["train_tokens_per_s"]
+    result["achieved_flops"] = (
+        result["flops_per_token"] * result["train_tokens_per_s"]
+    )
 
     # Generation latency per new token, with the KV cache, batch 1 and 8.
     prompt_length = 16
     for batch in (1, 8):
         total = prompt_length + args.new_tokens
-        prompt = {"token_ids": np.zeros((batch, total), "int32"),
-                  "padding_mask": np.zeros((batch, total), bool)}
+        prompt = {
+            "token_ids": np.zeros((batch, total), "int32"),
+            "padding_mask": np.zeros((batch, total), bool),
+        }
         prompt["token_ids"][:, :prompt_length] = ids[0, :prompt_length]
         prompt["padding_mask"][:, :prompt_length] = True
         model.generate(prompt, stop_token_ids=None)  # compile
@@ -164,21 +154,33 @@ def worker(backend, vocabulary_size, config, args):
         for _ in range(3):
             start = time.perf_counter()
             model.generate(prompt, stop_token_ids=None)
-            latencies.append(1000 * (time.perf_counter() - start) / args.new_tokens)
+            latencies.append(
+                1000 * (time.perf_counter() - start) / args.new_tokens
+            )
         result[f"generate_ms_per_token_b{batch}"] = float(np.median(latencies))
     # The same model at the paper's 1B trunk (V=32K, 2048-token context), for
     # the extrapolated training-cost ratio in the table.
     from keras_mhf.models.multi_hash_former_architectures import TRUNKS
 
-    result["flops_per_token_paper_1b"] = flops_per_token(config, 32768, TRUNKS["1b"], 2048)
+    result["flops_per_token_paper_1b"] = flops_per_token(
+        config, 32768, TRUNKS["1b"], 2048
+    )
     result["generate_flops_per_token"] = flops_per_token(
-        config, vocabulary_size, trunk_kwargs(args), prompt_length + args.new_tokens // 2,
-        factor=2)
+        config,
+        vocabulary_size,
+        trunk_kwargs(args),
+        prompt_length + args.new_tokens // 2,
+        factor=2,
+    )
 
     # Scoring throughput (token log-probs over the whole vocabulary).
     model.score(x["token_ids"], x["padding_mask"])
     start = time.perf_counter()
-    np.asarray(keras.ops.convert_to_numpy(model.score(x["token_ids"], x["padding_mask"])))
+    np.asarray(
+        keras.ops.convert_to_numpy(
+            model.score(x["token_ids"], x["padding_mask"])
+        )
+    )
     result["score_tokens_per_s"] = b * s / (time.perf_counter() - start)
     print("RESULT " + json.dumps(result), flush=True)
 
@@ -218,96 +220,186 @@ def peak_matmul(backend, size=2048, repeats=20):
 def run(args):
     results, peaks = [], {}
     me = os.path.abspath(__file__)
-    passthrough = ["--hidden-dim", str(args.hidden_dim), "--num-layers", str(args.num_layers),
-                   "--sequence-length", str(args.sequence_length),
-                   "--batch-size", str(args.batch_size), "--steps", str(args.steps),
-                   "--new-tokens", str(args.new_tokens)]
+    passthrough = [
+        "--hidden-dim",
+        str(args.hidden_dim),
+        "--num-layers",
+        str(args.num_layers),
+        "--sequence-length",
+        str(args.sequence_length),
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--new-tokens",
+        str(args.new_tokens),
+    ]
     for backend in args.backends:
-        env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=ROOT)
-        done = subprocess.run([sys.executable, me, "--worker", backend, "0", "matmul"],
-                              env=env, capture_output=True, text=True)
+        env = dict(os.environ, KERAS_BACKEND=backend)
+        done = subprocess.run(
+            [sys.executable, me, "--worker", backend, "0", "matmul"],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-3000:])
-        peaks[backend] = json.loads(done.stdout.split("RESULT ")[-1])["peak_flops"]
+        peaks[backend] = json.loads(done.stdout.split("RESULT ")[-1])[
+            "peak_flops"
+        ]
         for vocabulary_size in args.vocab:
             for config in args.configs:
                 started = time.time()
                 done = subprocess.run(
-                    [sys.executable, me, "--worker", backend, str(vocabulary_size), config]
-                    + passthrough, env=env, capture_output=True, text=True)
+                    [
+                        sys.executable,
+                        me,
+                        "--worker",
+                        backend,
+                        str(vocabulary_size),
+                        config,
+                    ]
+                    + passthrough,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 if done.returncode != 0:
-                    raise RuntimeError(f"{backend} V={vocabulary_size} {config}:\n"
-                                       + done.stderr[-3000:])
+                    raise RuntimeError(
+                        f"{backend} V={vocabulary_size} {config}:\n"
+                        + done.stderr[-3000:]
+                    )
                 result = json.loads(done.stdout.split("RESULT ")[-1])
                 result["mfu"] = result["achieved_flops"] / peaks[backend]
                 result["peak_matmul_flops"] = peaks[backend]
                 results.append(result)
-                print(f"  {backend:<10} V={vocabulary_size:<7} {config:<9} "
-                      f"{result['train_tokens_per_s']:>9.0f} tok/s  MFU {result['mfu']:.2f}  "
-                      f"({time.time() - started:.0f} s)", flush=True)
+                print(
+                    f"  {backend:<10} V={vocabulary_size:<7} {config:<9} "
+                    f"{result['train_tokens_per_s']:>9.0f} tok/s  "
+                    f"MFU {result['mfu']:.2f}  "
+                    f"({time.time() - started:.0f} s)",
+                    flush=True,
+                )
     return results, peaks
 
 
 def table(results, peaks):
-    lines = ["| backend | V | model | train tok/s (min-max step s) | MFU | peak train MB | "
-             "gen ms/token b1 / b8 | score tok/s | GFLOP/token | MHF/Std tok/s | "
-             "MHF/Std MFU | MHF/Std memory | MHF/Std gen b1 / b8 (analytic) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backend | V | model | train tok/s (min-max step s) | MFU | "
+        "peak train MB | gen ms/token b1 / b8 | score tok/s | GFLOP/token | "
+        "MHF/Std tok/s | MHF/Std MFU | MHF/Std memory | "
+        "MHF/Std gen b1 / b8 (analytic) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        std = next((s for s in results if s["backend"] == r["backend"]
-                    and s["vocabulary_size"] == r["vocabulary_size"]
-                    and s["config"] == "standard"), None)
+        std = next(
+            (
+                s
+                for s in results
+                if s["backend"] == r["backend"]
+                and s["vocabulary_size"] == r["vocabulary_size"]
+                and s["config"] == "standard"
+            ),
+            None,
+        )
         ratios = ["", "", "", ""]
         if std is not None and r["config"] != "standard":
-            ratios = [f"{r['train_tokens_per_s'] / std['train_tokens_per_s']:.2f}",
-                      f"{r['mfu'] / std['mfu']:.2f}",
-                      f"{r['peak_train_memory_mb'] / max(std['peak_train_memory_mb'], 1e-9):.2f}",
-                      f"{r['generate_ms_per_token_b1'] / std['generate_ms_per_token_b1']:.2f} / "
-                      f"{r['generate_ms_per_token_b8'] / std['generate_ms_per_token_b8']:.2f} "
-                      f"({r['generate_flops_per_token'] / std['generate_flops_per_token']:.2f})"]
+            memory = r["peak_train_memory_mb"] / max(
+                std["peak_train_memory_mb"], 1e-9
+            )
+            generate_b1 = (
+                r["generate_ms_per_token_b1"] / std["generate_ms_per_token_b1"]
+            )
+            generate_b8 = (
+                r["generate_ms_per_token_b8"] / std["generate_ms_per_token_b8"]
+            )
+            generate_flops = (
+                r["generate_flops_per_token"] / std["generate_flops_per_token"]
+            )
+            ratios = [
+                f"{r['train_tokens_per_s'] / std['train_tokens_per_s']:.2f}",
+                f"{r['mfu'] / std['mfu']:.2f}",
+                f"{memory:.2f}",
+                f"{generate_b1:.2f} / {generate_b8:.2f} ({generate_flops:.2f})",
+            ]
         lines.append(
             f"| {r['backend']} | {r['vocabulary_size']:,} | {r['config']} | "
-            f"{r['train_tokens_per_s']:,.0f} ({r['train_step_min_s']:.2f}-{r['train_step_max_s']:.2f}) | "
+            f"{r['train_tokens_per_s']:,.0f} "
+            f"({r['train_step_min_s']:.2f}-{r['train_step_max_s']:.2f}) | "
             f"{r['mfu']:.2f} | {r['peak_train_memory_mb']:,.0f} | "
-            f"{r['generate_ms_per_token_b1']:.1f} / {r['generate_ms_per_token_b8']:.1f} | "
-            f"{r['score_tokens_per_s']:,.0f} | {r['flops_per_token'] / 1e9:.3f} | "
-            + " | ".join(ratios) + " |")
-    peak_line = ", ".join(f"{b}: {p / 1e9:.0f} GFLOP/s" for b, p in peaks.items())
+            f"{r['generate_ms_per_token_b1']:.1f} / "
+            f"{r['generate_ms_per_token_b8']:.1f} | "
+            f"{r['score_tokens_per_s']:,.0f} | "
+            f"{r['flops_per_token'] / 1e9:.3f} | " + " | ".join(ratios) + " |"
+        )
+    peak_line = ", ".join(
+        f"{b}: {p / 1e9:.0f} GFLOP/s" for b, p in peaks.items()
+    )
     lines += ["", f"Peak 2048x2048 float32 matmul: {peak_line}.", ""]
     for r in results:
-        std = next((s for s in results if s["backend"] == r["backend"]
-                    and s["vocabulary_size"] == 32768 and s["config"] == "standard"), None)
-        if std is None or r["config"] == "standard" or r["vocabulary_size"] != 32768:
+        std = next(
+            (
+                s
+                for s in results
+                if s["backend"] == r["backend"]
+                and s["vocabulary_size"] == 32768
+                and s["config"] == "standard"
+            ),
+            None,
+        )
+        if (
+            std is None
+            or r["config"] == "standard"
+            or r["vocabulary_size"] != 32768
+        ):
             continue
         # Time per token = analytic FLOPs / (MFU x peak): the per-FLOP
         # efficiency measured here, carried over to the paper's 1B trunk.
         flops = r["flops_per_token_paper_1b"] / std["flops_per_token_paper_1b"]
-        lines.append(f"Extrapolated training cost at the paper's 1B trunk (V=32K, context 2048), "
-                     f"{r['backend']} {r['config']}: {flops:.2f}x Standard's FLOPs x "
-                     f"{std['mfu'] / r['mfu']:.2f} (Standard/MHF MFU) = "
-                     f"{flops * std['mfu'] / r['mfu']:.2f}x Standard's time.")
+        lines.append(
+            "Extrapolated training cost at the paper's 1B trunk (V=32K, "
+            f"context 2048), {r['backend']} {r['config']}: {flops:.2f}x "
+            f"Standard's FLOPs x {std['mfu'] / r['mfu']:.2f} "
+            "(Standard/MHF MFU) = "
+            f"{flops * std['mfu'] / r['mfu']:.2f}x Standard's time."
+        )
     return "\n".join(lines) + "\n"
 
 
 def compare(before_path, after_path):
     """Before/after table of two runs (same backend, vocabularies, models)."""
     with open(before_path) as f:
-        before = {(r["backend"], r["vocabulary_size"], r["config"]): r
-                  for r in json.load(f)["results"]}
+        before = {
+            (r["backend"], r["vocabulary_size"], r["config"]): r
+            for r in json.load(f)["results"]
+        }
     with open(after_path) as f:
         after = json.load(f)["results"]
-    lines = ["| backend | V | model | train tok/s | MFU | gen ms/token b1 | gen ms/token b8 | "
-             "peak train MB | score tok/s |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backend | V | model | train tok/s | MFU | gen ms/token b1 | "
+        "gen ms/token b8 | peak train MB | score tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in after:
         old = before.get((r["backend"], r["vocabulary_size"], r["config"]))
         if old is None:
             continue
-        cells = [f"{old[k]:{fmt}} -> {r[k]:{fmt}}" for k, fmt in (
-            ("train_tokens_per_s", ",.0f"), ("mfu", ".2f"), ("generate_ms_per_token_b1", ".1f"),
-            ("generate_ms_per_token_b8", ".1f"), ("peak_train_memory_mb", ",.0f"),
-            ("score_tokens_per_s", ",.0f"))]
-        lines.append(f"| {r['backend']} | {r['vocabulary_size']:,} | {r['config']} | "
-                     + " | ".join(cells) + " |")
+        cells = [
+            f"{old[k]:{fmt}} -> {r[k]:{fmt}}"
+            for k, fmt in (
+                ("train_tokens_per_s", ",.0f"),
+                ("mfu", ".2f"),
+                ("generate_ms_per_token_b1", ".1f"),
+                ("generate_ms_per_token_b8", ".1f"),
+                ("peak_train_memory_mb", ",.0f"),
+                ("score_tokens_per_s", ",.0f"),
+            )
+        ]
+        lines.append(
+            f"| {r['backend']} | {r['vocabulary_size']:,} | {r['config']} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -332,9 +424,18 @@ def main(argv=None):
     report = table(results, peaks)
     print("\n" + report)
     with open(args.output, "w") as f:
-        json.dump({"settings": {k: v for k, v in vars(args).items() if k != "worker"},
-                   "peak_matmul_flops": peaks, "results": results,
-                   "seconds": time.time() - started}, f, indent=2)
+        json.dump(
+            {
+                "settings": {
+                    k: v for k, v in vars(args).items() if k != "worker"
+                },
+                "peak_matmul_flops": peaks,
+                "results": results,
+                "seconds": time.time() - started,
+            },
+            f,
+            indent=2,
+        )
     print(f"Wrote {args.output} ({time.time() - started:.0f} s).")
 
 

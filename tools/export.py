@@ -1,7 +1,8 @@
 """Export a saved MHF or Standard model (preset directory) as a TF SavedModel
 with `serve` (next-token log-probs) and `generate` (greedy) endpoints.
 
-    python tools/export.py --preset runs/mhf/preset --output runs/mhf/saved_model
+    python tools/export.py --preset runs/mhf/preset \\
+        --output runs/mhf/saved_model
 
 Load it anywhere with TensorFlow alone:
 
@@ -13,20 +14,18 @@ Load it anywhere with TensorFlow alone:
 
 import argparse
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", required=True, help="preset directory")
-    parser.add_argument("--output", required=True, help="SavedModel directory to write")
+    parser.add_argument(
+        "--output", required=True, help="SavedModel directory to write"
+    )
     args = parser.parse_args(argv)
     import keras_hub
 
-    import keras_mhf  # noqa: F401 (registers the classes)
-    from keras_mhf.export import export_causal_lm
+    from keras_mhf.export import export_causal_lm  # also registers the classes
 
     model = keras_hub.models.CausalLM.from_preset(args.preset)
     export_causal_lm(model, args.output)

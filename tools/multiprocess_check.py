@@ -24,7 +24,6 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GLOBAL_BATCH, STEPS, PROCESSES = 8, 3, 2
 
 
@@ -44,9 +43,19 @@ def build():
     tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(61)]
     table = SignatureTable.from_tokens(tokens, 3, 64, pad_token_id=2)
     backbone = MultiHashFormerBackbone(
-        vocabulary_size=64, num_hashes=3, num_buckets=64, num_layers=2,
-        num_query_heads=4, num_key_value_heads=2, head_dim=8, hidden_dim=32,
-        intermediate_dim=64, gate_dim=8, mixer_dim=8, pad_token_id=2, signatures=table,
+        vocabulary_size=64,
+        num_hashes=3,
+        num_buckets=64,
+        num_layers=2,
+        num_query_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        hidden_dim=32,
+        intermediate_dim=64,
+        gate_dim=8,
+        mixer_dim=8,
+        pad_token_id=2,
+        signatures=table,
     )
     model = MultiHashFormerCausalLM(backbone)
     # Plain SGD: Adam would amplify float reassociation differences of
@@ -58,7 +67,11 @@ def build():
 def train(model, ids, batch_size):
     model.fit(
         {"token_ids": ids[:, :-1], "padding_mask": np.ones_like(ids[:, :-1])},
-        ids[:, 1:], batch_size=batch_size, epochs=1, shuffle=False, verbose=0,
+        ids[:, 1:],
+        batch_size=batch_size,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
     )
 
 
@@ -68,7 +81,6 @@ def save(model, path):
 
 def worker(process_id, port, out):
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    sys.path.insert(0, ROOT)
     from keras_mhf.distribution import initialize
     from keras_mhf.distribution import make_distribution
 
@@ -80,18 +92,21 @@ def worker(process_id, port, out):
     distribution.auto_shard_dataset = False
     keras.distribution.set_distribution(distribution)
     local = GLOBAL_BATCH // PROCESSES
-    rows = np.concatenate([
-        np.arange(step * GLOBAL_BATCH + process_id * local,
-                  step * GLOBAL_BATCH + (process_id + 1) * local)
-        for step in range(STEPS)
-    ])
+    rows = np.concatenate(
+        [
+            np.arange(
+                step * GLOBAL_BATCH + process_id * local,
+                step * GLOBAL_BATCH + (process_id + 1) * local,
+            )
+            for step in range(STEPS)
+        ]
+    )
     model = build()
     train(model, data()[rows], local)
     save(model, out)
 
 
 def single(out):
-    sys.path.insert(0, ROOT)
     model = build()
     train(model, data(), GLOBAL_BATCH)
     save(model, out)
@@ -104,16 +119,32 @@ def main(workdir=None, timeout=240):
     with socket.socket() as s:
         s.bind(("localhost", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, KERAS_BACKEND="jax", PYTHONPATH=ROOT)
+    env = dict(os.environ, KERAS_BACKEND="jax")
     me = os.path.abspath(__file__)
     procs = [
-        subprocess.Popen([sys.executable, me, "worker", str(i), str(port),
-                          os.path.join(workdir, f"worker{i}.npz")], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [
+                sys.executable,
+                me,
+                "worker",
+                str(i),
+                str(port),
+                os.path.join(workdir, f"worker{i}.npz"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(PROCESSES)
     ]
-    reference = subprocess.run([sys.executable, me, "single", os.path.join(workdir, "single.npz")],
-                               env=env, capture_output=True, text=True, timeout=timeout)
+    reference = subprocess.run(
+        [sys.executable, me, "single", os.path.join(workdir, "single.npz")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     for i, (p, out) in enumerate(zip(procs, outputs)):
         if p.returncode != 0:
@@ -122,12 +153,20 @@ def main(workdir=None, timeout=240):
     if reference.returncode != 0:
         print("single process failed:\n" + reference.stderr[-3000:])
         return 1
-    loaded = [np.load(os.path.join(workdir, f"{name}.npz"))
-              for name in ("worker0", "worker1", "single")]
-    between_workers = max(float(np.abs(loaded[0][k] - loaded[1][k]).max()) for k in loaded[0])
-    vs_single = max(float(np.abs(loaded[0][k] - loaded[2][k]).max()) for k in loaded[0])
-    print(f"max |weight difference|: worker 0 vs worker 1 = {between_workers:.3g}, "
-          f"workers vs single process = {vs_single:.3g}")
+    loaded = [
+        np.load(os.path.join(workdir, f"{name}.npz"))
+        for name in ("worker0", "worker1", "single")
+    ]
+    between_workers = max(
+        float(np.abs(loaded[0][k] - loaded[1][k]).max()) for k in loaded[0]
+    )
+    vs_single = max(
+        float(np.abs(loaded[0][k] - loaded[2][k]).max()) for k in loaded[0]
+    )
+    print(
+        "max |weight difference|: worker 0 vs worker 1 = "
+        f"{between_workers:.3g}, workers vs single process = {vs_single:.3g}"
+    )
     ok = between_workers == 0.0 and vs_single < 1e-5
     print("OK" if ok else "MISMATCH")
     return 0 if ok else 1

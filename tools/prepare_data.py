@@ -1,9 +1,10 @@
 """Tokenizes text corpora once into token shards for pre-training.
 
-    python tools/prepare_data.py --tokenizer tokenizer.model --output prepared/ \\
-        ../shared/data/openstax_edu_en
-    python tools/prepare_data.py --tokenizer tokenizer.model --output prepared/ \\
-        'books/*.jsonl.gz' notes.txt --validation held_out.jsonl --workers 8
+    python tools/prepare_data.py --tokenizer tokenizer.model \\
+        --output prepared/ ../shared/data/openstax_edu_en
+    python tools/prepare_data.py --tokenizer tokenizer.model \\
+        --output prepared/ 'books/*.jsonl.gz' notes.txt \\
+        --validation held_out.jsonl --workers 8
 
 Inputs are `.txt`, `.jsonl` or `.jsonl.gz` files, directories of them (other
 files are skipped) and glob patterns. The output directory gets
@@ -72,15 +73,15 @@ def main(argv=None):
         type=int,
         default=None,
         metavar="N",
-        help="tokenizer processes (default: every core); the output is the same "
-        "for any number",
+        help="tokenizer processes (default: every core); the output is the "
+        "same for any number",
     )
     parser.add_argument(
         "--on-error",
         choices=("fail", "skip"),
         default="fail",
-        help="a bad line (not UTF-8, invalid JSON, no string 'text'): stop with "
-        "its file:line (fail, default) or skip it with a warning (skip)",
+        help="a bad line (not UTF-8, invalid JSON, no string 'text'): stop "
+        "with its file:line (fail, default) or skip it with a warning (skip)",
     )
     parser.add_argument(
         "--quiet",
@@ -98,7 +99,9 @@ def main(argv=None):
             validation_fraction=args.validation_fraction,
             validation_inputs=args.validation,
             shard_tokens=(
-                DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens
+                DEFAULT_SHARD_TOKENS
+                if args.shard_tokens is None
+                else args.shard_tokens
             ),
             workers=args.workers,
             on_error=args.on_error,

@@ -1,6 +1,6 @@
 """Where a training step or a generated token spends its time (JAX backend).
 
-    python tools/profile_step.py                               # H4B16384, V=32K, train + generate b1
+    python tools/profile_step.py  # H4B16384, V=32K, train + generate b1
     python tools/profile_step.py --config standard --vocab 262144
     python tools/profile_step.py --phase generate --batch-size 8
 
@@ -21,12 +21,8 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def parse_args(argv=None):
@@ -35,8 +31,12 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="h4b16384", help="standard or h<H>b<B>")
     p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--phase", nargs="+", default=["train", "generate"],
-                   choices=["train", "generate"])
+    p.add_argument(
+        "--phase",
+        nargs="+",
+        default=["train", "generate"],
+        choices=["train", "generate"],
+    )
     p.add_argument("--hidden-dim", type=int, default=512)
     p.add_argument("--num-layers", type=int, default=4)
     p.add_argument("--sequence-length", type=int, default=256)
@@ -44,7 +44,9 @@ def parse_args(argv=None):
     p.add_argument("--generate-batch-size", type=int, default=1)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--top", type=int, default=15)
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: checks the tool runs")
+    p.add_argument(
+        "--smoke", action="store_true", help="tiny sizes: checks the tool runs"
+    )
     return p.parse_args(argv)
 
 
@@ -52,8 +54,12 @@ def op_sources(dump_dir, module):
     """Instruction name -> `metadata.op_name`, from the optimised HLO dump of
     the jitted function `module` (e.g. `train_step`)."""
     sources = {}
-    pattern = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{op_name="([^"]*)"')
-    for path in glob.glob(os.path.join(dump_dir, f"*jit_{module}.cpu_after_optimizations.txt")):
+    pattern = re.compile(
+        r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?metadata=\{op_name="([^"]*)"'
+    )
+    for path in glob.glob(
+        os.path.join(dump_dir, f"*jit_{module}.cpu_after_optimizations.txt")
+    ):
         with open(path) as f:
             for line in f:
                 match = pattern.match(line)
@@ -68,7 +74,9 @@ def category(name, source):
         return "matmul"
     if "scatter" in text or "gather" in text:
         return "gather/scatter"
-    if name.startswith(("copy", "transpose", "slice", "concatenate", "bitcast")):
+    if name.startswith(
+        ("copy", "transpose", "slice", "concatenate", "bitcast")
+    ):
         return "copy/transpose/slice"
     return "other (elementwise, reductions, softmax, optimizer)"
 
@@ -80,7 +88,9 @@ def traced_ops(fn, repeats, trace_dir):
     for _ in range(repeats):
         fn()
     jax.profiler.stop_trace()
-    path = glob.glob(os.path.join(trace_dir, "**", "*perfetto_trace.json.gz"), recursive=True)[-1]
+    path = glob.glob(
+        os.path.join(trace_dir, "**", "*perfetto_trace.json.gz"), recursive=True
+    )[-1]
     with gzip.open(path) as f:
         events = json.load(f)
     events = events["traceEvents"] if isinstance(events, dict) else events
@@ -88,25 +98,37 @@ def traced_ops(fn, repeats, trace_dir):
     for event in events:
         name = event.get("name", "")
         # Python frames ("$file:line") and executor bookkeeping are not ops.
-        if event.get("ph") != "X" or name.startswith(("$", "ThunkExecutor", "Pjit")):
+        if event.get("ph") != "X" or name.startswith(
+            ("$", "ThunkExecutor", "Pjit")
+        ):
             continue
-        if any(word in name for word in ("Compile", "compile", "Codegen", "Dispatch")):
+        if any(
+            word in name
+            for word in ("Compile", "compile", "Codegen", "Dispatch")
+        ):
             continue
         totals[name] += event["dur"] / 1000.0 / repeats  # ms per repeat
     return totals
 
 
 def report(title, totals, sources, wall_ms, top):
-    lines = [f"## {title}: {wall_ms:.1f} ms wall, {sum(totals.values()):.1f} ms in XLA ops"]
+    lines = [
+        f"## {title}: {wall_ms:.1f} ms wall, "
+        f"{sum(totals.values()):.1f} ms in XLA ops"
+    ]
     by_category = collections.Counter()
     for name, ms in totals.items():
         by_category[category(name, sources.get(name, ""))] += ms
     for name, ms in by_category.most_common():
-        lines.append(f"  {ms:9.1f} ms  {100 * ms / max(wall_ms, 1e-9):5.1f}%  {name}")
+        lines.append(
+            f"  {ms:9.1f} ms  {100 * ms / max(wall_ms, 1e-9):5.1f}%  {name}"
+        )
     lines.append("  top ops:")
     for name, ms in totals.most_common(top):
         source = sources.get(name, "?")
-        source = source.replace("jit(train_step)/", "").replace("jit(compiled_generate_function)/", "")
+        source = source.replace("jit(train_step)/", "").replace(
+            "jit(compiled_generate_function)/", ""
+        )
         lines.append(f"  {ms:9.1f} ms  {name:<28} {source[:110]}")
     return "\n".join(lines)
 
@@ -114,27 +136,38 @@ def report(title, totals, sources, wall_ms, top):
 def main(argv=None):
     args = parse_args(argv)
     if args.smoke:
-        args.config, args.vocab, args.hidden_dim, args.num_layers = "h3b64", 512, 64, 2
+        args.config, args.vocab, args.hidden_dim, args.num_layers = (
+            "h3b64",
+            512,
+            64,
+            2,
+        )
         args.sequence_length, args.batch_size, args.new_tokens = 16, 2, 4
     dump_dir = tempfile.mkdtemp(prefix="keras_mhf_hlo_")
     os.environ["KERAS_BACKEND"] = "jax"
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
+    )
     import numpy as np
 
-    from tools import benchmark
+    from keras_mhf import benchmarking
 
-    bench_args = benchmark.parse_args([
-        "--hidden-dim", str(args.hidden_dim), "--num-layers", str(args.num_layers),
-        "--sequence-length", str(args.sequence_length), "--batch-size", str(args.batch_size)])
-    model = benchmark.build(args.config, args.vocab, bench_args)
+    model = benchmarking.benchmark_model(
+        args.config,
+        args.vocab,
+        benchmarking.trunk_kwargs(args.hidden_dim, args.num_layers),
+    )
     rng = np.random.default_rng(0)
     b, s = args.batch_size, args.sequence_length
     ids = rng.integers(3, args.vocab, size=(b, s + 1)).astype("int32")
     x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((b, s), "int32")}
     y, sw = ids[:, 1:], np.ones((b, s), "float32")
-    print(f"# {args.config}, V={args.vocab}, d={args.hidden_dim} x {args.num_layers} layers, "
-          f"seq {s}, batch {b} (JAX profiler trace; HLO op_name as source)")
+    print(
+        f"# {args.config}, V={args.vocab}, "
+        f"d={args.hidden_dim} x {args.num_layers} layers, "
+        f"seq {s}, batch {b} (JAX profiler trace; HLO op_name as source)"
+    )
     sections = []
     if "train" in args.phase:
         for _ in range(2):
@@ -142,27 +175,45 @@ def main(argv=None):
         start = time.perf_counter()
         model.train_on_batch(x, y, sample_weight=sw)
         wall = 1000 * (time.perf_counter() - start)
-        totals = traced_ops(lambda: model.train_on_batch(x, y, sample_weight=sw), 2,
-                            os.path.join(dump_dir, "trace_train"))
+        totals = traced_ops(
+            lambda: model.train_on_batch(x, y, sample_weight=sw),
+            2,
+            os.path.join(dump_dir, "trace_train"),
+        )
         sections.append(("training step", totals, wall, "train_step"))
     if "generate" in args.phase:
         g = args.generate_batch_size
         total = 16 + args.new_tokens
-        prompt = {"token_ids": np.zeros((g, total), "int32"),
-                  "padding_mask": np.zeros((g, total), bool)}
+        prompt = {
+            "token_ids": np.zeros((g, total), "int32"),
+            "padding_mask": np.zeros((g, total), bool),
+        }
         prompt["token_ids"][:, :16] = ids[0, :16]
         prompt["padding_mask"][:, :16] = True
         model.generate(prompt, stop_token_ids=None)
         start = time.perf_counter()
         model.generate(prompt, stop_token_ids=None)
         wall = 1000 * (time.perf_counter() - start) / args.new_tokens
-        totals = traced_ops(lambda: model.generate(prompt, stop_token_ids=None), 1,
-                            os.path.join(dump_dir, "trace_generate"))
-        totals = collections.Counter({k: v / args.new_tokens for k, v in totals.items()})
-        sections.append((f"generation, per new token, batch {g}", totals, wall,
-                         "compiled_generate_function"))
+        totals = traced_ops(
+            lambda: model.generate(prompt, stop_token_ids=None),
+            1,
+            os.path.join(dump_dir, "trace_generate"),
+        )
+        totals = collections.Counter(
+            {k: v / args.new_tokens for k, v in totals.items()}
+        )
+        sections.append(
+            (
+                f"generation, per new token, batch {g}",
+                totals,
+                wall,
+                "compiled_generate_function",
+            )
+        )
     for title, totals, wall, module in sections:
-        print(report(title, totals, op_sources(dump_dir, module), wall, args.top))
+        print(
+            report(title, totals, op_sources(dump_dir, module), wall, args.top)
+        )
     shutil.rmtree(dump_dir, ignore_errors=True)
 
 

@@ -9,11 +9,9 @@ documentation, `pydoc_data.topics`), then generate, evaluate and export.
 import argparse
 import json
 import os
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def python_documentation(path):
@@ -32,9 +30,14 @@ def main(argv=None):
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--data", default=None,
-                        help="corpus (.txt/.jsonl or folder); default: Python's bundled docs")
-    parser.add_argument("--output", default=os.path.join(ROOT, "runs", "quickstart"))
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="corpus (.txt/.jsonl or folder); default: Python's bundled docs",
+    )
+    parser.add_argument(
+        "--output", default=os.path.join(ROOT, "runs", "quickstart")
+    )
     parser.add_argument("--architecture", default="mini_h4b1024")
     parser.add_argument("--vocabulary-size", type=int, default=4000)
     parser.add_argument("--steps", type=int, default=600)
@@ -46,36 +49,51 @@ def main(argv=None):
     import keras
 
     from keras_mhf.data import read_documents
+    from keras_mhf.evaluation import evaluate_preset
     from keras_mhf.evaluation import write_last_word_file
     from keras_mhf.pretraining import pretrain
-    from recipes.evaluate import evaluate
 
     started = time.time()
     os.makedirs(args.output, exist_ok=True)
-    data = args.data or python_documentation(os.path.join(args.output, "python_docs.txt"))
+    data = args.data or python_documentation(
+        os.path.join(args.output, "python_docs.txt")
+    )
     documents = list(read_documents(data))
-    held_out = documents[-max(1, len(documents) // 20):]
-    print(f"Backend: {keras.config.backend()}. Corpus: {data} ({len(documents)} documents, "
-          f"{sum(map(len, documents)):,} characters); the last {len(held_out)} are held out.")
+    held_out = documents[-max(1, len(documents) // 20) :]
+    print(
+        f"Backend: {keras.config.backend()}. Corpus: {data} "
+        f"({len(documents)} documents, "
+        f"{sum(map(len, documents)):,} characters); "
+        f"the last {len(held_out)} are held out."
+    )
 
-    runs = {}
-    for name, model, arch in (("mhf", "mhf", args.architecture),
-                              ("standard", "standard", args.architecture.split("_")[0])):
+    runs, models = {}, {}
+    for name, model, arch in (
+        ("mhf", "mhf", args.architecture),
+        ("standard", "standard", args.architecture.split("_")[0]),
+    ):
         print(f"\n=== Training {name} ({arch}) for {args.steps} steps ===")
         tokenizer = runs["mhf"]["tokenizer"] if runs else None
-        runs[name] = pretrain(
-            data, os.path.join(args.output, name), tokenizer=tokenizer,
-            vocabulary_size=args.vocabulary_size, model=model, architecture=arch,
-            sequence_length=args.sequence_length, batch_size=args.batch_size,
-            steps=args.steps, checkpoint_every=max(args.steps // 3, 1),
-            learning_rate=2e-3, warmup_steps=max(args.steps // 10, 1),
+        models[name], runs[name] = pretrain(
+            data,
+            os.path.join(args.output, name),
+            tokenizer=tokenizer,
+            vocabulary_size=args.vocabulary_size,
+            model=model,
+            architecture=arch,
+            sequence_length=args.sequence_length,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            checkpoint_every=max(args.steps // 3, 1),
+            learning_rate=2e-3,
+            warmup_steps=max(args.steps // 10, 1),
         )
 
-    lm = runs["mhf"]["model_object"]
+    lm = models["mhf"]
     lm.compile(sampler="greedy")
     print(f"\n=== Generation (greedy), prompt {args.prompt!r} ===")
     print("MHF:     ", lm.generate(args.prompt, max_length=40))
-    standard = runs["standard"]["model_object"]
+    standard = models["standard"]
     standard.compile(sampler="greedy")
     print("Standard:", standard.generate(args.prompt, max_length=40))
 
@@ -84,23 +102,32 @@ def main(argv=None):
     with open(held_out_path, "w", encoding="utf-8") as f:
         f.write("\n\n".join(held_out))
     lambada_path = write_last_word_file(
-        held_out, os.path.join(args.output, "held_out_last_word.jsonl"), count=40)
+        held_out,
+        os.path.join(args.output, "held_out_last_word.jsonl"),
+        count=40,
+    )
     results = {}
     for name in runs:
-        results[name] = evaluate(
-            runs[name]["preset"], perplexity=[held_out_path], lambada=[lambada_path],
-            sequence_length=args.sequence_length, batch_size=args.batch_size,
+        results[name] = evaluate_preset(
+            runs[name]["preset"],
+            perplexity_files=[held_out_path],
+            lambada_files=[lambada_path],
+            sequence_length=args.sequence_length,
+            batch_size=args.batch_size,
             output=os.path.join(args.output, f"{name}_eval.jsonl"),
         )
     with open(os.path.join(args.output, "evaluation.json"), "w") as f:
         json.dump(results, f, indent=2)
     for name, r in results.items():
-        ppl = r["perplexity:held_out.txt"]
-        last_word = r[f"lambada:{os.path.basename(lambada_path)}"]
-        print(f"{name:<9} perplexity {ppl['perplexity']:.1f} (next-token accuracy "
-              f"{ppl['accuracy']:.3f}); last-word accuracy {last_word['acc']:.3f}, "
-              f"last-word perplexity {last_word['perplexity']:.1f}; "
-              f"{runs[name]['parameters']:,} parameters")
+        ppl = r[f"perplexity:{held_out_path}"]
+        last_word = r[f"lambada:{lambada_path}"]
+        print(
+            f"{name:<9} perplexity {ppl['perplexity']:.1f} (next-token "
+            f"accuracy {ppl['accuracy']:.3f}); last-word accuracy "
+            f"{last_word['acc']:.3f}, "
+            f"last-word perplexity {last_word['perplexity']:.1f}; "
+            f"{runs[name]['parameters']:,} parameters"
+        )
 
     print("\n=== Export ===")
     saved_model = os.path.join(args.output, "mhf", "saved_model")
@@ -117,7 +144,10 @@ def main(argv=None):
         ("Standard preset", runs["standard"]["preset"]),
         ("training logs", os.path.join(args.output, "*", "log.csv")),
         ("loss plots", os.path.join(args.output, "*", "loss.png")),
-        ("evaluation (summary, per example)", os.path.join(args.output, "evaluation.json")),
+        (
+            "evaluation (summary, per example)",
+            os.path.join(args.output, "evaluation.json"),
+        ),
     ]:
         print(f"  {label:<38} {path}")
     print(f"\nDone in {time.time() - started:.0f} s.")

@@ -95,7 +95,9 @@ def _walk(directory):
     before those of its subdirectories, each level in sorted order."""
     found = []
     for root, _, names in sorted(os.walk(directory)):
-        found += [os.path.join(root, n) for n in sorted(names) if is_corpus_file(n)]
+        found += [
+            os.path.join(root, n) for n in sorted(names) if is_corpus_file(n)
+        ]
     return found
 
 
@@ -127,13 +129,17 @@ def list_corpus_files(inputs):
         inputs = [inputs]
     inputs = [os.fsdecode(item) for item in inputs]
     if not inputs:
-        raise ValueError("No corpus inputs given: pass at least one file or directory.")
+        raise ValueError(
+            "No corpus inputs given: pass at least one file or directory."
+        )
     files = []
     for item in inputs:
         if any(c in item for c in "*?["):
             matches = sorted(glob(item, recursive=True))
             if not matches:
-                raise FileNotFoundError(f"The pattern {item!r} matches no files.")
+                raise FileNotFoundError(
+                    f"The pattern {item!r} matches no files."
+                )
             found = []
             for match in matches:
                 if os.path.isdir(match):
@@ -142,8 +148,8 @@ def list_corpus_files(inputs):
                     found.append(match)
             if not found:
                 raise ValueError(
-                    f"The pattern {item!r} matches no corpus files (files ending "
-                    f"in {_extensions()})."
+                    f"The pattern {item!r} matches no corpus files (files "
+                    f"ending in {_extensions()})."
                 )
         elif os.path.isdir(item):
             found = _walk(item)
@@ -155,8 +161,8 @@ def list_corpus_files(inputs):
             if not is_corpus_file(item):
                 raise ValueError(
                     f"{item} is not a corpus file: corpus files end in "
-                    f"{_extensions()}. Rename it, or pass its directory to read "
-                    "only the corpus files in it."
+                    f"{_extensions()}. Rename it, or pass its directory to "
+                    "read only the corpus files in it."
                 )
             found = [item]
         else:
@@ -183,7 +189,9 @@ def _blank_line_separated(path):
     stream, raw = _open_binary(path)
     with raw, stream:
         head = stream.read(TXT_HEAD_BYTES + 1)
-    text = head[:TXT_HEAD_BYTES].decode("utf-8", "replace").replace("\r\n", "\n")
+    text = (
+        head[:TXT_HEAD_BYTES].decode("utf-8", "replace").replace("\r\n", "\n")
+    )
     if text.startswith("\ufeff"):
         text = text[1:]
     text = text.strip() if len(head) <= TXT_HEAD_BYTES else text.lstrip()
@@ -223,10 +231,14 @@ class DocumentReader:
 
     def __init__(self, inputs, on_error="fail", start=None):
         if on_error not in _ON_ERROR:
-            raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}.")
+            raise ValueError(
+                f"on_error must be 'fail' or 'skip', got {on_error!r}."
+            )
         self.files = list_corpus_files(inputs)
         self.on_error = on_error
-        self.start = ReadPosition(*start) if start is not None else ReadPosition()
+        self.start = (
+            ReadPosition(*start) if start is not None else ReadPosition()
+        )
         if not 0 <= self.start.file_index <= len(self.files):
             raise ValueError(
                 f"start={tuple(self.start)} points past the {len(self.files)} "
@@ -318,7 +330,9 @@ class DocumentReader:
                 line += 1
 
     def _jsonl(self, path, file_index, offset, line):
-        for number, text, error, end in self._numbered_lines(path, offset, line):
+        for number, text, error, end in self._numbered_lines(
+            path, offset, line
+        ):
             if error is not None:
                 self._bad(path, number, f"not valid UTF-8 ({error})")
                 continue
@@ -345,24 +359,34 @@ class DocumentReader:
             value = value.strip()
             if value:
                 yield Document(
-                    value, file_index, number, self._position(file_index, end, number)
+                    value,
+                    file_index,
+                    number,
+                    self._position(file_index, end, number),
                 )
 
     def _lines(self, path, file_index, offset, line):
-        for number, text, error, end in self._numbered_lines(path, offset, line):
+        for number, text, error, end in self._numbered_lines(
+            path, offset, line
+        ):
             if error is not None:
                 self._bad(path, number, f"not valid UTF-8 ({error})")
                 continue
             text = text.strip()
             if text:
                 yield Document(
-                    text, file_index, number, self._position(file_index, end, number)
+                    text,
+                    file_index,
+                    number,
+                    self._position(file_index, end, number),
                 )
 
     def _blocks(self, path, file_index, offset, line):
         block, first, bad = [], None, False
         end, number = offset, line - 1
-        for number, text, error, end in self._numbered_lines(path, offset, line):
+        for number, text, error, end in self._numbered_lines(
+            path, offset, line
+        ):
             if error is not None:
                 self._bad(
                     path,
@@ -407,7 +431,9 @@ def read_documents(path, limit=None, on_error="fail"):
     documents = list(read_documents("corpus.jsonl", limit=100))
     ```
     """
-    for count, document in enumerate(DocumentReader(path, on_error=on_error), 1):
+    for count, document in enumerate(
+        DocumentReader(path, on_error=on_error), 1
+    ):
         yield document.text
         if limit and count >= limit:
             return

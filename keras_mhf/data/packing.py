@@ -8,7 +8,9 @@ attention reset between documents). This in-memory path suits small corpora;
 Example:
 
 ```python
-blocks = pack_documents(read_documents("corpus.txt"), sp.encode, sp.bos_id(), 128)
+blocks = pack_documents(
+    read_documents("corpus.txt"), sp.encode, sp.bos_id(), 128
+)
 x, y, sample_weight = blocks_to_features(blocks)
 ```
 """
@@ -16,7 +18,9 @@ x, y, sample_weight = blocks_to_features(blocks)
 import numpy as np
 
 
-def pack_documents(documents, tokenize, bos_id, sequence_length, max_tokens=None):
+def pack_documents(
+    documents, tokenize, bos_id, sequence_length, max_tokens=None
+):
     """Tokenizes, prefixes BOS, concatenates and cuts blocks of
     `sequence_length + 1` tokens (the remainder is dropped).
 
@@ -32,7 +36,9 @@ def pack_documents(documents, tokenize, bos_id, sequence_length, max_tokens=None
 
     Example:
 
-    >>> pack_documents(["ab", "c"], lambda t: [ord(c) for c in t], 1, 2).tolist()
+    >>> pack_documents(
+    ...     ["ab", "c"], lambda t: [ord(c) for c in t], 1, 2
+    ... ).tolist()
     [[1, 97, 98]]
     """
     stream = []

@@ -1,4 +1,5 @@
-"""Tokenizes corpora once into flat token shards on disk (numpy + sentencepiece).
+"""Tokenizes corpora once into flat token shards on disk (numpy +
+sentencepiece).
 
 `prepare_data` reads documents as a stream, tokenizes them with SentencePiece
 in a pool of worker processes (each document prefixed with BOS, as
@@ -64,7 +65,8 @@ VALIDATION_HASH = (
 
 
 def token_dtype(vocabulary_size):
-    """`uint16` when every id fits (vocabulary of at most 65,536), else `uint32`.
+    """`uint16` when every id fits (vocabulary of at most 65,536), else
+    `uint32`.
 
     Example:
 
@@ -98,7 +100,9 @@ def validation_score(text):
     >>> 0.0 <= validation_score("A document.") < 1.0
     True
     """
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=VALIDATION_KEY)
+    digest = hashlib.blake2b(
+        text.encode("utf-8"), digest_size=8, key=VALIDATION_KEY
+    )
     return int.from_bytes(digest.digest(), "little") / 2.0**64
 
 
@@ -129,7 +133,12 @@ def _init_worker(proto, bos_id, dtype, fraction):
     import sentencepiece as spm
 
     global _WORKER
-    _WORKER = (spm.SentencePieceProcessor(model_proto=proto), bos_id, dtype, fraction)
+    _WORKER = (
+        spm.SentencePieceProcessor(model_proto=proto),
+        bos_id,
+        dtype,
+        fraction,
+    )
 
 
 def _tokenize_in_worker(task):
@@ -163,7 +172,9 @@ def _write_json(path, data):
 class _ShardWriter:
     """Appends one split's tokens to fixed-size shards, resumably."""
 
-    def __init__(self, directory, split, dtype, shard_tokens, state, on_complete):
+    def __init__(
+        self, directory, split, dtype, shard_tokens, state, on_complete
+    ):
         self.directory, self.split = directory, split
         self.dtype, self.shard_tokens = dtype, shard_tokens
         self.on_complete = on_complete
@@ -187,8 +198,13 @@ class _ShardWriter:
         size = self.dtype.itemsize
         for shard in self.shards:
             path = os.path.join(self.directory, shard["file"])
-            if not os.path.isfile(path) or os.path.getsize(path) != shard["bytes"]:
-                raise self._damaged(f"shard {path} is missing or has the wrong size")
+            if (
+                not os.path.isfile(path)
+                or os.path.getsize(path) != shard["bytes"]
+            ):
+                raise self._damaged(
+                    f"shard {path} is missing or has the wrong size"
+                )
         index = len(self.shards)
         partial, final = self._path(index) + ".partial", self._path(index)
         if not os.path.exists(partial):
@@ -301,7 +317,11 @@ class _Progress:
         elapsed = max(now - self.started, 1e-9)
         rate = (done_bytes - self.start_bytes) / elapsed
         eta = (self.total - done_bytes) / rate if rate > 0 else float("inf")
-        eta = "--" if eta == float("inf") else f"{int(eta) // 60}m{int(eta) % 60:02d}s"
+        eta = (
+            "--"
+            if eta == float("inf")
+            else f"{int(eta) // 60}m{int(eta) % 60:02d}s"
+        )
         line = (
             f"prepare_data: {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB "
             f"({100 * done_bytes / self.total:.0f}%) | {tokens:,} tokens | "
@@ -330,13 +350,14 @@ def _load_tokenizer(path):
         sp = spm.SentencePieceProcessor(model_proto=proto)
     except (RuntimeError, OSError, TypeError) as error:
         raise ValueError(
-            f"{path} is not a SentencePiece model ({error}); pass the tokenizer's "
-            ".model file (e.g. mistral_v03_tokenizer/tokenizer.model)."
+            f"{path} is not a SentencePiece model ({error}); pass the "
+            "tokenizer's .model file (e.g. "
+            "mistral_v03_tokenizer/tokenizer.model)."
         ) from error
     if sp.bos_id() < 0:
         raise ValueError(
-            f"The tokenizer {path} has no BOS piece (<s>); prepare_data puts it "
-            "before every document. Use a model trained with a BOS piece."
+            f"The tokenizer {path} has no BOS piece (<s>); prepare_data puts "
+            "it before every document. Use a model trained with a BOS piece."
         )
     return sp, proto
 
@@ -379,15 +400,20 @@ def _check_same(directory, found, wanted, what):
     old, new = _identity(found), _identity(wanted)
     changed = [key for key in new if old.get(key) != new[key]]
     if changed:
-        details = "; ".join(_describe_change(k, old.get(k), new[k]) for k in changed)
+        details = "; ".join(
+            _describe_change(k, old.get(k), new[k]) for k in changed
+        )
         raise ValueError(
-            f"{directory} holds {what} made with different settings ({details}). "
-            "Use another output directory, or delete this one to start again."
+            f"{directory} holds {what} made with different settings "
+            f"({details}). Use another output directory, or delete this one "
+            "to start again."
         )
 
 
 def _sources(files):
-    return [{"path": os.path.abspath(f), "bytes": os.path.getsize(f)} for f in files]
+    return [
+        {"path": os.path.abspath(f), "bytes": os.path.getsize(f)} for f in files
+    ]
 
 
 def _split_sizes_error(totals, fraction, validation_inputs, skipped):
@@ -395,26 +421,30 @@ def _split_sizes_error(totals, fraction, validation_inputs, skipped):
     skipped = f" ({skipped} bad lines skipped)" if skipped else ""
     if documents == 0:
         return ValueError(
-            f"The inputs hold no documents{skipped}: every corpus file is empty or "
-            "whitespace. Pass files with text."
+            f"The inputs hold no documents{skipped}: every corpus file is "
+            "empty or whitespace. Pass files with text."
         )
     plural = "document" if documents == 1 else "documents"
     if validation_inputs is not None:
-        empty = "training" if totals["train"]["documents"] == 0 else "validation"
+        empty = (
+            "training" if totals["train"]["documents"] == 0 else "validation"
+        )
         return ValueError(
-            f"The {empty} inputs hold no documents{skipped}; pass files with text."
+            f"The {empty} inputs hold no documents{skipped}; pass files with "
+            "text."
         )
     if totals["train"]["documents"] == 0:
         return ValueError(
-            f"The training split is empty: the corpus has {documents} {plural} and "
-            f"validation_fraction={fraction} put all of them in the validation "
-            "split; pass separate validation data (--validation FILE) or use more "
-            "documents."
+            f"The training split is empty: the corpus has {documents} {plural} "
+            f"and validation_fraction={fraction} put all of them in the "
+            "validation split; pass separate validation data (--validation "
+            "FILE) or use more documents."
         )
     return ValueError(
-        f"The validation split is empty: the corpus has {documents} {plural} and "
-        f"validation_fraction={fraction} held out none of them; pass separate "
-        "validation data (--validation FILE) or a larger --validation-fraction."
+        f"The validation split is empty: the corpus has {documents} {plural} "
+        f"and validation_fraction={fraction} held out none of them; pass "
+        "separate validation data (--validation FILE) or a larger "
+        "--validation-fraction."
     )
 
 
@@ -479,15 +509,22 @@ def prepare_data(
             f"({available_cores()})."
         )
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int):
-        raise ValueError(f"shard_tokens must be an integer, got {shard_tokens!r}.")
+        raise ValueError(
+            f"shard_tokens must be an integer, got {shard_tokens!r}."
+        )
     if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be at least 1, got {shard_tokens}.")
+        raise ValueError(
+            f"shard_tokens must be at least 1, got {shard_tokens}."
+        )
     if on_error not in ("fail", "skip"):
-        raise ValueError(f"on_error must be 'fail' or 'skip', got {on_error!r}.")
+        raise ValueError(
+            f"on_error must be 'fail' or 'skip', got {on_error!r}."
+        )
     if validation_inputs is None and not 0.0 < validation_fraction < 1.0:
         raise ValueError(
             "validation_fraction must be between 0 and 1 (exclusive), got "
-            f"{validation_fraction!r}; or pass validation_inputs (--validation)."
+            f"{validation_fraction!r}; or pass validation_inputs "
+            "(--validation)."
         )
     sp, proto = _load_tokenizer(tokenizer_path)
     dtype = token_dtype(sp.get_piece_size())
@@ -547,12 +584,14 @@ def prepare_data(
             state = json.load(f)
         _check_same(output_dir, state, header, "an unfinished prepare_data run")
         state["on_error"] = on_error
-        report.message(f"prepare_data: resuming the unfinished run in {output_dir}.")
+        report.message(
+            f"prepare_data: resuming the unfinished run in {output_dir}."
+        )
     else:
         if os.listdir(output_dir):
             raise ValueError(
-                f"{output_dir} is not empty and holds no prepare_data run; choose "
-                "a new or empty output directory."
+                f"{output_dir} is not empty and holds no prepare_data run; "
+                "choose a new or empty output directory."
             )
         empty = {"shards": [], "pending_tokens": 0, "pending_documents": 0}
         state = dict(header)
@@ -565,12 +604,20 @@ def prepare_data(
 
     def on_complete():
         stop["completed"] += 1
-        if _stop_after_shards is not None and stop["completed"] >= _stop_after_shards:
+        if (
+            _stop_after_shards is not None
+            and stop["completed"] >= _stop_after_shards
+        ):
             raise _Interrupted()
 
     writers = {
         split: _ShardWriter(
-            output_dir, split, dtype, shard_tokens, state["splits"][split], on_complete
+            output_dir,
+            split,
+            dtype,
+            shard_tokens,
+            state["splits"][split],
+            on_complete,
         )
         for split in SPLITS
     }
@@ -652,7 +699,9 @@ def _run(
                 if source == position["source"]
                 else None
             )
-            reader = DocumentReader(sources[source], on_error=on_error, start=start)
+            reader = DocumentReader(
+                sources[source], on_error=on_error, start=start
+            )
             before = sum(sizes[:source])
             texts, chars, end = [], 0, None
             for document in reader:
@@ -685,7 +734,10 @@ def _run(
         nonlocal tokens_done, last_checkpoint, completed_before
         if texts is None:  # the end of a source
             state["skipped_before_source"] += end
-            position["source"], position["read"] = source + 1, list(ReadPosition())
+            position["source"], position["read"] = (
+                source + 1,
+                list(ReadPosition()),
+            )
         else:
             tokens, lengths, is_validation = result.get()
             mask = np.repeat(is_validation, lengths)
@@ -695,7 +747,10 @@ def _run(
             position["source"], position["read"] = source, list(end)
         completed = [len(w.shards) for w in writers.values()]
         now = time.monotonic()
-        if completed != completed_before or now - last_checkpoint >= CHECKPOINT_SECONDS:
+        if (
+            completed != completed_before
+            or now - last_checkpoint >= CHECKPOINT_SECONDS
+        ):
             checkpoint()
             last_checkpoint, completed_before = now, completed
         report.update(done_bytes, tokens_done)
@@ -708,10 +763,14 @@ def _run(
         # hashlib, never JAX, so JAX's warning that forking a process that
         # uses it may deadlock (in the child, if it used JAX) does not apply.
         methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else None)
+        context = multiprocessing.get_context(
+            "fork" if "fork" in methods else None
+        )
         with warnings.catch_warnings():
             warnings.filterwarnings(
-                "ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning
+                "ignore",
+                message=r"os\.fork\(\) was called",
+                category=RuntimeWarning,
             )
             pool = context.Pool(
                 workers,
@@ -726,7 +785,12 @@ def _run(
             elif pool is None:
                 result = _Done(
                     _tokenize(
-                        sp, sp.bos_id(), dtype, fraction, texts, all_validation[source]
+                        sp,
+                        sp.bos_id(),
+                        dtype,
+                        fraction,
+                        texts,
+                        all_validation[source],
                     )
                 )
             else:

@@ -1,4 +1,5 @@
-"""Opens a directory written by `prepare_data` and reads its tokens (numpy only).
+"""Opens a directory written by `prepare_data` and reads its tokens (numpy
+only).
 
 A prepared directory holds flat token-id shards (`train_00000.bin`, ...,
 `validation_00000.bin`, ...: raw little-endian `uint16` or `uint32`) and an
@@ -72,8 +73,9 @@ def _fingerprint_of(tokenizer):
     if hasattr(tokenizer, "serialized_model_proto"):
         return tokenizer_fingerprint(tokenizer.serialized_model_proto())
     raise TypeError(
-        "check_tokenizer expects a tokenizer .model path, its bytes, a KerasHub "
-        "SentencePiece tokenizer or a sentencepiece.SentencePieceProcessor, got "
+        "check_tokenizer expects a tokenizer .model path, its bytes, a "
+        "KerasHub SentencePiece tokenizer or a "
+        "sentencepiece.SentencePieceProcessor, got "
         f"{type(tokenizer).__name__}."
     )
 
@@ -95,14 +97,16 @@ def read_index(directory):
     """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"No such prepared corpus directory: {directory}")
+        raise FileNotFoundError(
+            f"No such prepared corpus directory: {directory}"
+        )
     path = os.path.join(directory, INDEX_FILE)
     if not os.path.exists(path):
         if os.path.exists(os.path.join(directory, STATE_FILE)):
             raise ValueError(
-                f"{directory} holds an unfinished prepare_data run ({STATE_FILE}, "
-                f"no {INDEX_FILE}): re-run tools/prepare_data.py with the same "
-                "arguments to finish it."
+                f"{directory} holds an unfinished prepare_data run "
+                f"({STATE_FILE}, no {INDEX_FILE}): re-run "
+                "tools/prepare_data.py with the same arguments to finish it."
             )
         raise ValueError(
             f"{directory} has no {INDEX_FILE}, so it is not a prepared corpus; "
@@ -130,7 +134,9 @@ def read_index(directory):
             "the same arguments to finish it."
         )
     if index.get("dtype") not in TOKEN_DTYPES:
-        raise ValueError(f"{path} has an unknown token dtype {index.get('dtype')!r}.")
+        raise ValueError(
+            f"{path} has an unknown token dtype {index.get('dtype')!r}."
+        )
     return index
 
 
@@ -165,19 +171,21 @@ class PreparedCorpus:
                 expected = shard["tokens"] * self.dtype.itemsize
                 if not os.path.isfile(path):
                     raise ValueError(
-                        f"Shard {path} is missing; re-run tools/prepare_data.py "
-                        "into a new directory."
+                        f"Shard {path} is missing; re-run "
+                        "tools/prepare_data.py into a new directory."
                     )
                 size = os.path.getsize(path)
                 if size != expected:
                     raise ValueError(
                         f"Shard {path} has {size} bytes, expected {expected} "
                         f"({shard['tokens']} {self.dtype.name} tokens): it is "
-                        "truncated or damaged. Re-run tools/prepare_data.py into "
-                        "a new directory."
+                        "truncated or damaged. Re-run tools/prepare_data.py "
+                        "into a new directory."
                     )
             self._shards[split] = shards
-            self._offsets[split] = np.cumsum([0] + [s["tokens"] for s in shards])
+            self._offsets[split] = np.cumsum(
+                [0] + [s["tokens"] for s in shards]
+            )
         self._maps = {}
 
     def __getstate__(self):
@@ -206,7 +214,9 @@ class PreparedCorpus:
 
     def _check_split(self, split):
         if split not in SPLITS:
-            raise ValueError(f"split must be 'train' or 'validation', got {split!r}.")
+            raise ValueError(
+                f"split must be 'train' or 'validation', got {split!r}."
+            )
 
     def num_tokens(self, split):
         """Tokens in a split (`"train"` or `"validation"`)."""
@@ -221,7 +231,9 @@ class PreparedCorpus:
     def shard_paths(self, split):
         """Paths of a split's shard files, in stream order."""
         self._check_split(split)
-        return [os.path.join(self.directory, s["file"]) for s in self._shards[split]]
+        return [
+            os.path.join(self.directory, s["file"]) for s in self._shards[split]
+        ]
 
     def _map(self, split, shard):
         key = (split, shard)
@@ -257,8 +269,12 @@ class PreparedCorpus:
         shard = int(np.searchsorted(offsets, start, side="right")) - 1
         while done < length:
             local = start + done - int(offsets[shard])
-            take = min(length - done, int(offsets[shard + 1] - offsets[shard]) - local)
-            out[done : done + take] = self._map(split, shard)[local : local + take]
+            take = min(
+                length - done, int(offsets[shard + 1] - offsets[shard]) - local
+            )
+            out[done : done + take] = self._map(split, shard)[
+                local : local + take
+            ]
             done += take
             shard += 1
         return out
@@ -280,7 +296,8 @@ class PreparedCorpus:
         if starts.size and (starts.min() < 0 or starts.max() + length > total):
             raise ValueError(
                 f"Windows of {length} tokens at starts in [{starts.min()}, "
-                f"{starts.max()}] do not fit in the {split} split ({total} tokens)."
+                f"{starts.max()}] do not fit in the {split} split ({total} "
+                "tokens)."
             )
         out = np.empty((starts.size, length), np.int32)
         offsets = self._offsets[split]
@@ -315,9 +332,9 @@ class PreparedCorpus:
         if found != self.tokenizer_fingerprint:
             raise ValueError(
                 f"{self.directory} was prepared with tokenizer sha256 "
-                f"{self.tokenizer_fingerprint[:16]}..., the model's tokenizer is "
-                f"{found[:16]}...; re-run tools/prepare_data.py with the model's "
-                "tokenizer."
+                f"{self.tokenizer_fingerprint[:16]}..., the model's tokenizer "
+                f"is {found[:16]}...; re-run tools/prepare_data.py with the "
+                "model's tokenizer."
             )
 
     def verify_checksums(self):
@@ -331,10 +348,12 @@ class PreparedCorpus:
         ```
         """
         for split in SPLITS:
-            for shard, path in zip(self._shards[split], self.shard_paths(split)):
+            for shard, path in zip(
+                self._shards[split], self.shard_paths(split)
+            ):
                 if file_sha256(path) != shard["sha256"]:
                     raise ValueError(
-                        f"Shard {path} does not match its sha256 in {INDEX_FILE}: "
-                        "it is damaged. Re-run tools/prepare_data.py into a new "
-                        "directory."
+                        f"Shard {path} does not match its sha256 in "
+                        f"{INDEX_FILE}: it is damaged. Re-run "
+                        "tools/prepare_data.py into a new directory."
                     )

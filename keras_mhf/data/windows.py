@@ -98,9 +98,9 @@ def _check_length(corpus, split, sequence_length):
     tokens = corpus.num_tokens(split)
     if tokens < window:
         raise ValueError(
-            f"The {split} split of {corpus.directory} has {tokens} tokens, fewer "
-            f"than one window of sequence_length + 1 = {window}; use a shorter "
-            "sequence_length or prepare more data."
+            f"The {split} split of {corpus.directory} has {tokens} tokens, "
+            f"fewer than one window of sequence_length + 1 = {window}; use a "
+            "shorter sequence_length or prepare more data."
         )
     return tokens
 
@@ -176,12 +176,16 @@ class WindowSampler:
 
     def window_indices(self, step):
         """Run-wide indices of this process's windows at global `step`."""
-        first = step * self.batch_size + self.process_index * self.local_batch_size
+        first = (
+            step * self.batch_size + self.process_index * self.local_batch_size
+        )
         return first + np.arange(self.local_batch_size, dtype=np.int64)
 
     def starts(self, step):
         """Token offsets of this process's windows at global `step`."""
-        return window_starts(self.seed, self.window_indices(step), self.num_starts)
+        return window_starts(
+            self.seed, self.window_indices(step), self.num_starts
+        )
 
     def windows(self, step):
         """int32 `[local_batch_size, sequence_length + 1]` at global `step`."""
@@ -242,13 +246,23 @@ def window_dataset(
         ) from error
 
     sampler = WindowSampler(
-        corpus, split, sequence_length, batch_size, seed, process_index, process_count
+        corpus,
+        split,
+        sequence_length,
+        batch_size,
+        seed,
+        process_index,
+        process_count,
     )
     start_step = _int_at_least("start_step", start_step, 0)
     if num_steps is None:
-        raise ValueError("Pass num_steps, the number of batches the dataset holds.")
+        raise ValueError(
+            "Pass num_steps, the number of batches the dataset holds."
+        )
     num_steps = _int_at_least("num_steps", num_steps)
-    return grain.MapDataset.range(start_step, start_step + num_steps).map(sampler)
+    return grain.MapDataset.range(start_step, start_step + num_steps).map(
+        sampler
+    )
 
 
 def validation_windows(corpus, sequence_length, count=None, split="validation"):
@@ -280,7 +294,9 @@ def validation_windows(corpus, sequence_length, count=None, split="validation"):
     window = sequence_length + 1
     available = tokens // window
     count = (
-        available if count is None else min(_int_at_least("count", count), available)
+        available
+        if count is None
+        else min(_int_at_least("count", count), available)
     )
     starts = np.arange(count, dtype=np.int64) * window
     return corpus.windows(split, starts, window)

@@ -1,7 +1,7 @@
 import keras
 from keras import ops
 
-from keras_mhf.utils.keras_utils import clone_initializer
+from keras_mhf.utils.keras_utils import built_dense
 from keras_mhf.utils.keras_utils import get_initializer
 
 
@@ -15,7 +15,8 @@ class HashEncoder(keras.layers.Layer):
     the output is `e = Ws (sum_i alpha_i u_i) + bs`. The gate sees only the
     token's own H vectors. The tables `E(i)` (`embeddings`, a list of H
     `[B, d]` variables named `embeddings_<i>`) are also the output tables of
-    `CascadeHashDecoder` (weight tying, Sec. 3.3); bucket 0 is an ordinary
+    `CascadeHashDecoder` (weight tying, Sec. 3.3), which reads them through
+    `bucket_logits` and `soft_embedding`; bucket 0 is an ordinary
     trainable row. One variable per head, rather than one `[H, B, d]`
     variable, lets compiled code read a head's table in place: XLA copies a
     slice of a stacked table before every matmul that reads it.
@@ -34,7 +35,9 @@ class HashEncoder(keras.layers.Layer):
     Example:
 
     ```python
-    encoder = keras_mhf.layers.HashEncoder(num_hashes=2, num_buckets=8, hidden_dim=16)
+    encoder = keras_mhf.layers.HashEncoder(
+        num_hashes=2, num_buckets=8, hidden_dim=16
+    )
     encoder(np.array([[[1, 3], [2, 5]]]))  # [1, 2, 16]
     ```
     """
@@ -67,7 +70,9 @@ class HashEncoder(keras.layers.Layer):
             def head_initializer(shape, dtype=None):
                 if not initial:
                     full_shape = (self.num_hashes,) + tuple(shape)
-                    initial.append(self.embeddings_initializer(full_shape, dtype=dtype))
+                    initial.append(
+                        self.embeddings_initializer(full_shape, dtype=dtype)
+                    )
                 return initial[0][i]
 
             return head_initializer
@@ -81,24 +86,31 @@ class HashEncoder(keras.layers.Layer):
             for i in range(self.num_hashes)
         ]
 
-        def dense(units, name, activation=None):
-            return keras.layers.Dense(
-                units,
-                activation=activation,
-                kernel_initializer=clone_initializer(self.kernel_initializer),
-                dtype=self.dtype_policy,
-                name=name,
-            )
-
         # W1, b1 and the SiLU of the shared scorer (eq. 3).
-        self.gate_dense = dense(self.gate_dim, "gate_dense", "silu")
-        self.gate_dense.build((None, self.hidden_dim))
+        self.gate_dense = built_dense(
+            self.gate_dim,
+            self.hidden_dim,
+            "gate_dense",
+            self.kernel_initializer,
+            self.dtype_policy,
+            activation="silu",
+        )
         # w2, b2: one score per head.
-        self.score_dense = dense(1, "score_dense")
-        self.score_dense.build((None, self.gate_dim))
+        self.score_dense = built_dense(
+            1,
+            self.gate_dim,
+            "score_dense",
+            self.kernel_initializer,
+            self.dtype_policy,
+        )
         # Ws, bs: output projection, no activation (eq. 2).
-        self.output_dense = dense(self.hidden_dim, "output_dense")
-        self.output_dense.build((None, self.hidden_dim))
+        self.output_dense = built_dense(
+            self.hidden_dim,
+            self.hidden_dim,
+            "output_dense",
+            self.kernel_initializer,
+            self.dtype_policy,
+        )
         self.built = True
 
     def lookup(self, signatures):
@@ -109,6 +121,20 @@ class HashEncoder(keras.layers.Layer):
             for i, table in enumerate(self.embeddings)
         ]
         return ops.stack(vectors, axis=-2)
+
+    def bucket_logits(self, states, head):
+        """`states [n, d]` -> head `head`'s bucket logits `states E(head)^T`
+        `[n, B]`, in the dtype of `states` (the tied output tables of
+        `CascadeHashDecoder`, paper Sec. 3.3 "Logit Computation")."""
+        table = ops.cast(self.embeddings[head], states.dtype)
+        return ops.matmul(states, ops.transpose(table))
+
+    def soft_embedding(self, probs, head):
+        """`probs [n, B]` over head `head`'s buckets -> the expected bucket
+        vector `probs E(head)` `[n, d]` (paper Sec. 3.3 "Soft Embedding
+        Retrieval")."""
+        table = ops.cast(self.embeddings[head], probs.dtype)
+        return ops.matmul(probs, table)
 
     def stacked_embeddings(self):
         """The H tables as one `[H, B, d]` tensor (a copy)."""
@@ -127,6 +153,12 @@ class HashEncoder(keras.layers.Layer):
 
     def compute_output_shape(self, signatures_shape):
         return tuple(signatures_shape)[:-1] + (self.hidden_dim,)
+
+    def compute_output_spec(self, signatures):
+        return keras.KerasTensor(
+            self.compute_output_shape(signatures.shape),
+            dtype=self.compute_dtype,
+        )
 
     def get_config(self):
         config = super().get_config()

@@ -3,7 +3,6 @@ import numpy as np
 from keras import ops
 
 from keras_mhf.signature_table import SignatureTable
-from keras_mhf.utils.backend_checks import is_concrete
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -18,11 +17,13 @@ class SignatureLookup(keras.layers.Layer):
     with a log-softmax over the `V` real tokens, in float32 (paper Sec. 3.4,
     "Inference Phase").
 
-    Out-of-range token ids raise a `ValueError` when the ids are concrete
-    (eager execution: torch, TensorFlow eager, JAX outside `jit`). Under
-    compilation no host check is possible: TensorFlow's gather raises
-    `InvalidArgumentError` at run time on CPU, while JAX under `jit` clamps or
-    fills out-of-range gathers, so check ids before compiled calls.
+    `call` is pure `keras.ops`, like `keras.layers.Embedding.call`: it does
+    not check ids (a host check on every call would copy the ids to the host
+    on every PyTorch step and every generated token). Ids are validated once,
+    with a clear error, where they enter the model: `MultiHashFormerCausalLM`'s
+    `fit`, `generate` and `score` (`keras_mhf.utils.token_ids`). Out-of-range
+    ids given to the layer directly are undefined: JAX clamps gathers,
+    TensorFlow and PyTorch raise their own errors.
 
     Args:
         vocabulary_size: int, `V`.
@@ -71,7 +72,8 @@ class SignatureLookup(keras.layers.Layer):
             if signatures.num_buckets != self.num_buckets:
                 raise ValueError(
                     f"The SignatureTable was built for num_buckets="
-                    f"{signatures.num_buckets}, the layer has {self.num_buckets}."
+                    f"{signatures.num_buckets}, the layer has "
+                    f"{self.num_buckets}."
                 )
             signatures = signatures.signatures
         signatures = np.asarray(signatures)
@@ -83,7 +85,8 @@ class SignatureLookup(keras.layers.Layer):
             )
         if signatures.min() < 0 or signatures.max() >= self.num_buckets:
             raise ValueError(
-                f"Signature table holds bucket ids outside [0, {self.num_buckets - 1}]."
+                "Signature table holds bucket ids outside "
+                f"[0, {self.num_buckets - 1}]."
             )
         return signatures.astype("int32")
 
@@ -117,26 +120,7 @@ class SignatureLookup(keras.layers.Layer):
             self.build()
         return np.asarray(ops.convert_to_numpy(self.signatures), "int32")
 
-    def check_token_ids(self, token_ids):
-        """Raises a clear `ValueError` for concrete ids outside `[0, V)`."""
-        if not is_concrete(token_ids):
-            return
-        ids = ops.convert_to_numpy(token_ids)
-        if ids.size == 0:
-            return
-        low, high = ids.min(), ids.max()
-        if low < 0 or high >= self.vocabulary_size:
-            bad = ids[(ids < 0) | (ids >= self.vocabulary_size)]
-            raise ValueError(
-                f"Token ids must be in [0, {self.vocabulary_size - 1}] "
-                f"(vocabulary_size={self.vocabulary_size}); got {bad.size} "
-                f"out-of-range id(s), e.g. {bad[:5].tolist()}. Tokenize with the "
-                "model's own tokenizer, or expand the vocabulary first "
-                "(`MultiHashFormerCausalLM.expand_vocabulary`)."
-            )
-
     def call(self, token_ids):
-        self.check_token_ids(token_ids)
         token_ids = ops.cast(token_ids, "int32")
         return ops.take(self.signatures, token_ids, axis=0)
 
@@ -144,8 +128,9 @@ class SignatureLookup(keras.layers.Layer):
         """Per-head bucket logits `[..., H, B]` -> token log-probs `[..., V]`.
 
         Args:
-            bucket_logits: float `[..., H, B]` logits or log-probs (a log-softmax
-                over `B` is applied per head, which leaves log-probs unchanged).
+            bucket_logits: float `[..., H, B]` logits or log-probs (a
+                log-softmax over `B` is applied per head, which leaves
+                log-probs unchanged).
             normalize: if `True` (default), renormalise over the `V` tokens
                 with a log-softmax; if `False`, return the raw sums
                 `sum_i log p_i(bucket_i(w))`.

@@ -9,6 +9,11 @@ from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
-from keras_mhf.models.multi_hash_former_tokenizer import MultiHashFormerTokenizer
+from keras_mhf.models.multi_hash_former_tokenizer import (
+    MultiHashFormerTokenizer,
+)
+from keras_mhf.models.qwen3_decoder_block import Qwen3DecoderBlock
+from keras_mhf.models.standard_backbone import StandardBackbone
+from keras_mhf.models.standard_causal_lm import StandardCausalLM
 from keras_mhf.models.standard_causal_lm import standard_backbone
 from keras_mhf.models.standard_causal_lm import standard_causal_lm

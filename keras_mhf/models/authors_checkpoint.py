@@ -42,9 +42,9 @@ def is_authors_checkpoint(preset):
     except (OSError, ValueError):
         # A KerasHub preset's config.json is valid JSON; anything else that
         # names itself like an HF checkpoint is reported by `read_config`.
-        return os.path.exists(os.path.join(str(preset), "model.safetensors")) or (
-            os.path.exists(os.path.join(str(preset), "pytorch_model.bin"))
-        )
+        return os.path.exists(
+            os.path.join(str(preset), "model.safetensors")
+        ) or (os.path.exists(os.path.join(str(preset), "pytorch_model.bin")))
     return isinstance(config, dict) and "num_hashes" in config
 
 
@@ -64,7 +64,8 @@ def read_config(directory):
     if config.get("num_lsh", 0) != 0:
         raise ValueError(
             f"{path} has num_lsh={config['num_lsh']}: LSH heads (the paper's "
-            "LSH ablation) are not supported; only MurmurHash3 heads (num_lsh=0)."
+            "LSH ablation) are not supported; only MurmurHash3 heads "
+            "(num_lsh=0)."
         )
     rope = config.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000))
@@ -88,7 +89,12 @@ def read_config(directory):
         signature_rule="reference",
     )
     for key, value in kwargs.items():
-        if key not in ("pad_token_id", "signature_rule", "rope_max_wavelength", "layer_norm_epsilon"):
+        if key not in (
+            "pad_token_id",
+            "signature_rule",
+            "rope_max_wavelength",
+            "layer_norm_epsilon",
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(
                     f"{path}: {key} must be a positive integer; got {value!r}."
@@ -118,8 +124,8 @@ class _CheckedLoader(SafetensorLoader):
             reason = str(error)
         if converted is None or tuple(converted.shape) != expected:
             raise ValueError(
-                f"Tensor '{hf_weight_key}' has shape {tuple(tensor.shape)}, which "
-                f"does not give the expected Keras shape {expected}"
+                f"Tensor '{hf_weight_key}' has shape {tuple(tensor.shape)}, "
+                f"which does not give the expected Keras shape {expected}"
                 + ("" if converted is not None else f" ({reason})")
                 + ". The checkpoint does not match its config.json."
             )
@@ -155,7 +161,14 @@ class _TrunkView:
         self._embedding = type(
             "Embedding",
             (),
-            {"embeddings": _Sink((backbone.num_hashes * backbone.num_buckets, backbone.hidden_dim))},
+            {
+                "embeddings": _Sink(
+                    (
+                        backbone.num_hashes * backbone.num_buckets,
+                        backbone.hidden_dim,
+                    )
+                )
+            },
         )()
 
     def get_layer(self, name):
@@ -168,25 +181,38 @@ def _check_weight_files(directory):
     names = set(os.listdir(directory))
     if "model.safetensors" in names or "model.safetensors.index.json" in names:
         return
-    pickles = sorted(n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt")))
+    pickles = sorted(
+        n for n in names if n.endswith((".bin", ".pt", ".pth", ".ckpt"))
+    )
     if pickles:
         raise ValueError(
-            f"{directory} holds only pickle weights ({pickles}); keras_mhf reads "
-            "safetensors only, since unpickling can run arbitrary code. Convert "
-            "once, in a trusted PyTorch environment: `from transformers import "
-            "AutoModelForCausalLM; AutoModelForCausalLM.from_pretrained(dir, "
-            "trust_remote_code=True).save_pretrained(dir, safe_serialization=True)` "
-            "(or `safetensors.torch.save_file(torch.load(f), 'model.safetensors')`)."
+            f"{directory} holds only pickle weights ({pickles}); keras_mhf "
+            "reads safetensors only, since unpickling can run arbitrary code. "
+            "Convert once, in a trusted PyTorch environment: `from "
+            "transformers import AutoModelForCausalLM; "
+            "AutoModelForCausalLM.from_pretrained(dir, "
+            "trust_remote_code=True).save_pretrained(dir, "
+            "safe_serialization=True)` (or "
+            "`safetensors.torch.save_file(torch.load(f), "
+            "'model.safetensors')`)."
         )
     raise ValueError(f"{directory} has no model.safetensors.")
 
 
 def load_authors_checkpoint(
-    directory, load_weights=True, tokenizer=None, dtype=None, sequence_length=1024
+    task_cls,
+    directory,
+    load_weights=True,
+    tokenizer=None,
+    dtype=None,
+    sequence_length=1024,
 ):
-    """Builds a `MultiHashFormerCausalLM` from the authors' HF checkpoint.
+    """Builds a `task_cls` (`MultiHashFormerCausalLM`) from the authors' HF
+    checkpoint, with `task_cls.backbone_cls` and `task_cls.preprocessor_cls`
+    (the way KerasHub's converters build from the task's classes).
 
     Args:
+        task_cls: the causal-LM class to build.
         directory: local checkpoint directory.
         load_weights: whether to read the weights.
         tokenizer: a `MultiHashFormerTokenizer`, or a path to a SentencePiece
@@ -195,17 +221,15 @@ def load_authors_checkpoint(
         dtype: dtype policy.
         sequence_length: the preprocessor's packed length.
     """
-    from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
-    from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
-    from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
-        MultiHashFormerCausalLMPreprocessor,
-    )
-    from keras_mhf.models.multi_hash_former_tokenizer import MultiHashFormerTokenizer
-
+    preprocessor_cls = task_cls.preprocessor_cls
+    tokenizer_cls = preprocessor_cls.tokenizer_cls
     directory = str(directory)
     kwargs = read_config(directory)
     _check_weight_files(directory)
-    vocabulary_size, num_hashes = kwargs["vocabulary_size"], kwargs["num_hashes"]
+    vocabulary_size, num_hashes = (
+        kwargs["vocabulary_size"],
+        kwargs["num_hashes"],
+    )
     num_buckets, hidden = kwargs["num_buckets"], kwargs["hidden_dim"]
     with _CheckedLoader(directory) as loader:
         hash_map = loader.read("hash_map", (vocabulary_size, num_hashes))
@@ -214,20 +238,28 @@ def load_authors_checkpoint(
                 f"Tensor 'model.hash_map' holds bucket ids outside [0, "
                 f"{num_buckets - 1}] (num_buckets in config.json)."
             )
-        table = SignatureTable(hash_map, num_buckets, kwargs["pad_token_id"], "reference")
+        table = SignatureTable(
+            hash_map, num_buckets, kwargs["pad_token_id"], "reference"
+        )
 
         if isinstance(tokenizer, str):
-            tokenizer = MultiHashFormerTokenizer(tokenizer)
-        elif tokenizer is None and os.path.exists(os.path.join(directory, "tokenizer.model")):
-            tokenizer = MultiHashFormerTokenizer(os.path.join(directory, "tokenizer.model"))
+            tokenizer = tokenizer_cls(tokenizer)
+        elif tokenizer is None and os.path.exists(
+            os.path.join(directory, "tokenizer.model")
+        ):
+            tokenizer = tokenizer_cls(
+                os.path.join(directory, "tokenizer.model")
+            )
 
-        backbone = MultiHashFormerBackbone(signatures=table, dtype=dtype, **kwargs)
+        backbone = task_cls.backbone_cls(
+            signatures=table, dtype=dtype, **kwargs
+        )
         preprocessor = (
-            MultiHashFormerCausalLMPreprocessor(tokenizer, sequence_length=sequence_length)
+            preprocessor_cls(tokenizer, sequence_length=sequence_length)
             if tokenizer is not None
             else None
         )
-        model = MultiHashFormerCausalLM(backbone, preprocessor)
+        model = task_cls(backbone, preprocessor)
         if load_weights:
             _port_weights(loader, model, num_hashes, num_buckets, hidden)
     model.check_tokenizer(force=True)
@@ -246,7 +278,9 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
     shape = (num_hashes * num_buckets, hidden)
     stacked = loader.get_tensor("embed_tokens.weight")
     if tuple(stacked.shape) not in (shape, (num_hashes, num_buckets, hidden)):
-        loader.read("embed_tokens.weight", shape)  # raises, naming the expected shape
+        loader.read(
+            "embed_tokens.weight", shape
+        )  # raises, naming the expected shape
     stacked = np.reshape(stacked, (num_hashes, num_buckets, hidden))
     for i, table in enumerate(encoder.embeddings):
         table.assign(np.asarray(stacked[i], dtype="float32"))
@@ -259,7 +293,10 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
         loader.port_weight(dense.bias, f"{key}.bias")
     decoder = model.hash_decoder
     for k, (down, up) in enumerate(zip(decoder.down_denses, decoder.up_denses)):
-        for dense, key in ((down, f"hash_head.cascade_mixer.{k}.0"), (up, f"hash_head.cascade_mixer.{k}.2")):
+        for dense, key in (
+            (down, f"hash_head.cascade_mixer.{k}.0"),
+            (up, f"hash_head.cascade_mixer.{k}.2"),
+        ):
             loader.port_weight(dense.kernel, f"{key}.weight", transpose)
             loader.port_weight(dense.bias, f"{key}.bias")
     # Stock Qwen3 blocks and the final norm, with KerasHub's converter.

@@ -69,12 +69,14 @@ _NAME = re.compile(r"^(?P<trunk>[a-z0-9]+?)(?:_h(?P<h>\d+)b(?P<b>\d+k?))?$")
 
 
 def parse_architecture(name):
-    """Returns `(trunk_kwargs, hash_kwargs or None)` for an architecture name."""
+    """Returns `(trunk_kwargs, hash_kwargs or None)` for an architecture
+    name."""
     match = _NAME.match(str(name).lower())
     if not match or match.group("trunk") not in TRUNKS:
         raise ValueError(
-            f"Unknown architecture {name!r}. Use '<trunk>' or '<trunk>_h<H>b<B>' "
-            f"with trunk one of {sorted(TRUNKS)} (e.g. '1b_h4b16k', 'tiny_h3b512')."
+            f"Unknown architecture {name!r}. Use '<trunk>' or "
+            f"'<trunk>_h<H>b<B>' with trunk one of {sorted(TRUNKS)} (e.g. "
+            "'1b_h4b16k', 'tiny_h3b512')."
         )
     trunk = dict(TRUNKS[match.group("trunk")])
     if match.group("h") is None:
@@ -104,7 +106,9 @@ def architecture_names():
     return names
 
 
-def count_parameters(architecture, vocabulary_size=32768, extra_layers=0, **overrides):
+def count_parameters(
+    architecture, vocabulary_size=32768, extra_layers=0, **overrides
+):
     """Analytic parameter counts, without allocating any weight.
 
     Args:
@@ -120,15 +124,15 @@ def count_parameters(architecture, vocabulary_size=32768, extra_layers=0, **over
         norm), `total`, and `signature_table_entries` (MHF's non-trainable
         int table, `V x H`, not counted in `total`).
     """
-    from keras_mhf.models.qwen3_trunk import trunk_parameter_count
-
     trunk, hashes = parse_architecture(architecture)
     trunk["num_layers"] += int(extra_layers)
     for key in list(overrides):
         if key in trunk:
             trunk[key] = overrides.pop(key)
     if hashes is not None:
-        hashes.update({k: overrides.pop(k) for k in list(overrides) if k in hashes})
+        hashes.update(
+            {k: overrides.pop(k) for k in list(overrides) if k in hashes}
+        )
     if overrides:
         raise ValueError(f"Unknown arguments: {sorted(overrides)}")
     d = trunk["hidden_dim"]
@@ -150,3 +154,23 @@ def count_parameters(architecture, vocabulary_size=32768, extra_layers=0, **over
         "total": embedding + decoder + body,
         "signature_table_entries": table,
     }
+
+
+def trunk_parameter_count(
+    num_layers,
+    hidden_dim,
+    num_query_heads,
+    num_key_value_heads,
+    head_dim,
+    intermediate_dim,
+):
+    """Parameters of the Qwen3 decoder stack plus the final norm (no
+    embeddings): attention kernels, q/k norms, SwiGLU kernels, two norms per
+    block, the final norm."""
+    attention = (
+        hidden_dim * head_dim * (2 * num_query_heads + 2 * num_key_value_heads)
+    )
+    qk_norms = 2 * head_dim
+    mlp = 3 * hidden_dim * intermediate_dim
+    norms = 2 * hidden_dim
+    return num_layers * (attention + qk_norms + mlp + norms) + hidden_dim

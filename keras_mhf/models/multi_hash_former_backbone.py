@@ -3,8 +3,7 @@ from keras_hub.models import Backbone
 
 from keras_mhf.layers.hash_encoder import HashEncoder
 from keras_mhf.layers.signature_lookup import SignatureLookup
-from keras_mhf.models.qwen3_trunk import make_decoder_blocks
-from keras_mhf.models.qwen3_trunk import make_final_norm
+from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.signature_table import SignatureTable
 
 # Marks a backbone rebuilt from its config: the table comes from the weights.
@@ -13,7 +12,8 @@ _TABLE_FROM_WEIGHTS = "from_weights"
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
 class MultiHashFormerBackbone(Backbone):
-    """MultiHashFormer trunk: signatures -> hash encoder -> Qwen3 blocks -> norm.
+    """MultiHashFormer trunk: signatures -> hash encoder -> Qwen3 blocks ->
+    norm.
 
     Token ids are mapped to their `H` bucket ids by a `SignatureLookup` (paper
     Sec. 3.1), embedded by a `HashEncoder` (gated compositional embedding,
@@ -90,9 +90,10 @@ class MultiHashFormerBackbone(Backbone):
         if signatures is None:
             raise ValueError(
                 "MultiHashFormerBackbone needs its signature table: pass "
-                "`signatures=keras_mhf.SignatureTable.from_tokens(...)` (or an int "
-                "array [vocabulary_size, num_hashes]), or build the whole model "
-                "with `MultiHashFormerCausalLM.from_tokenizer(tokenizer, ...)`."
+                "`signatures=keras_mhf.SignatureTable.from_tokens(...)` (or an "
+                "int array [vocabulary_size, num_hashes]), or build the whole "
+                "model with "
+                "`MultiHashFormerCausalLM.from_tokenizer(tokenizer, ...)`."
             )
         if isinstance(signatures, str):
             if signatures != _TABLE_FROM_WEIGHTS:
@@ -102,7 +103,11 @@ class MultiHashFormerBackbone(Backbone):
             initial_table = signatures
             if isinstance(signatures, SignatureTable):
                 _check_table_matches(
-                    signatures, num_hashes, num_buckets, pad_token_id, signature_rule
+                    signatures,
+                    num_hashes,
+                    num_buckets,
+                    pad_token_id,
+                    signature_rule,
                 )
         # === Layers ===
         self.signature_lookup = SignatureLookup(
@@ -122,7 +127,7 @@ class MultiHashFormerBackbone(Backbone):
             dtype=dtype,
             name="hash_encoder",
         )
-        self.transformer_layers = make_decoder_blocks(
+        self.transformer_layers, self.layer_norm = make_trunk_layers(
             num_layers,
             num_query_heads,
             num_key_value_heads,
@@ -134,11 +139,12 @@ class MultiHashFormerBackbone(Backbone):
             dropout,
             dtype,
         )
-        self.layer_norm = make_final_norm(layer_norm_epsilon, dtype)
 
         # === Functional Model ===
         token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        padding_mask = keras.Input(
+            shape=(None,), dtype="int32", name="padding_mask"
+        )
         x = self.embed(token_ids)
         for block in self.transformer_layers:
             x = block(x, decoder_padding_mask=padding_mask)
@@ -174,7 +180,8 @@ class MultiHashFormerBackbone(Backbone):
         return self.hash_encoder(self.signature_lookup(token_ids))
 
     def get_signature_table(self, tokens=None):
-        """The stored table as a `SignatureTable` (pass `tokens` to expand it)."""
+        """The stored table as a `SignatureTable` (pass `tokens` to expand
+        it)."""
         return SignatureTable(
             self.signature_lookup.get_signatures(),
             self.num_buckets,
@@ -230,18 +237,32 @@ class MultiHashFormerBackbone(Backbone):
         layout_map[".*mixer_\\d+_down_dense/kernel"] = (data, model)
         layout_map[".*mixer_\\d+_up_dense/kernel"] = (model, data)
         # Sec. 3.2: the Qwen3 blocks, as KerasHub shards Llama's.
-        layout_map[".*transformer_layer.*self_attention.*(query|key|value).kernel"] = (
+        layout_map[
+            ".*transformer_layer.*self_attention.*(query|key|value).kernel"
+        ] = (
             model,
             data,
             None,
         )
-        layout_map[".*transformer_layer.*attention_output.kernel"] = (model, None, data)
-        layout_map[".*transformer_layer.*feedforward_intermediate_dense.kernel"] = (
+        layout_map[".*transformer_layer.*attention_output.kernel"] = (
+            model,
+            None,
+            data,
+        )
+        layout_map[
+            ".*transformer_layer.*feedforward_intermediate_dense.kernel"
+        ] = (
             data,
             model,
         )
-        layout_map[".*transformer_layer.*feedforward_gate_dense.kernel"] = (data, model)
-        layout_map[".*transformer_layer.*feedforward_output_dense.kernel"] = (model, data)
+        layout_map[".*transformer_layer.*feedforward_gate_dense.kernel"] = (
+            data,
+            model,
+        )
+        layout_map[".*transformer_layer.*feedforward_output_dense.kernel"] = (
+            model,
+            data,
+        )
         return layout_map
 
     @classmethod
@@ -294,6 +315,9 @@ def _check_table_matches(table, num_hashes, num_buckets, pad_token_id, rule):
     )
     wrong = {k: (actual[k], v) for k, v in expected.items() if actual[k] != v}
     if wrong:
-        details = ", ".join(f"{k}: table {a!r} vs backbone {b!r}" for k, (a, b) in wrong.items())
-        raise ValueError(f"The SignatureTable does not match the backbone ({details}).")
-
+        details = ", ".join(
+            f"{k}: table {a!r} vs backbone {b!r}" for k, (a, b) in wrong.items()
+        )
+        raise ValueError(
+            f"The SignatureTable does not match the backbone ({details})."
+        )

@@ -1,17 +1,19 @@
 import keras
-import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 from keras_hub.models import Qwen3CausalLM
 
 from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
-from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.models import authors_checkpoint
+from keras_mhf.models import multi_hash_former_vocabulary as vocabulary
 from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
-from keras_mhf.signature_table import SignatureTable
+from keras_mhf.utils.token_ids import check_feature_ids
+from keras_mhf.utils.token_ids import check_token_ids
+from keras_mhf.utils.token_ids import checked_dataset
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -28,7 +30,9 @@ class MultiHashFormerCausalLM(CausalLM):
     Build a new model with `from_tokenizer`, load one with `from_preset` (a
     KerasHub preset directory or a Hugging Face checkpoint of the authors'
     code), and grow the vocabulary with `expand_vocabulary` (no new
-    parameters).
+    parameters). Token ids are validated where they enter (`fit`, `generate`,
+    `score`), and the attached tokenizer is checked against the signature
+    table whenever it changes.
 
     Args:
         backbone: a `MultiHashFormerBackbone`.
@@ -58,9 +62,7 @@ class MultiHashFormerCausalLM(CausalLM):
         self.backbone = backbone
         self.preprocessor = preprocessor
         self.hash_decoder = CascadeHashDecoder(
-            backbone.num_hashes,
-            backbone.num_buckets,
-            backbone.hidden_dim,
+            backbone.hash_encoder,
             mixer_dim=backbone.mixer_dim,
             dtype=backbone.dtype_policy,
             name="hash_decoder",
@@ -69,9 +71,10 @@ class MultiHashFormerCausalLM(CausalLM):
         # === Functional Model ===
         inputs = backbone.input
         hidden_states = backbone(inputs)
-        outputs = self.hash_decoder(hidden_states, backbone.hash_encoder.embeddings)
+        outputs = self.hash_decoder(hidden_states)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-        self._tokenizer_checked = False
+        # sha256 of the last tokenizer found to match the signature table.
+        self._verified_tokenizer = None
 
     # --- Construction -------------------------------------------------------
 
@@ -95,7 +98,7 @@ class MultiHashFormerCausalLM(CausalLM):
             architecture: a name like `"1b_h4b16k"` or `"tiny_h3b512"` (see
                 `keras_mhf.models.architecture_names()`).
             sequence_length: the preprocessor's packed length.
-            signature_rule: `"unique"` or `"reference"`.
+            signature_rule: `"unique"`, `"reference"` or `"repeated"`.
             dtype: dtype policy of the model.
             **backbone_kwargs: overrides of any backbone argument (e.g.
                 `num_layers=3`, `num_buckets=2048`).
@@ -108,10 +111,11 @@ class MultiHashFormerCausalLM(CausalLM):
             dtype=dtype,
             **backbone_kwargs,
         )
-        model.preprocessor = MultiHashFormerCausalLMPreprocessor(
+        model.preprocessor = cls.preprocessor_cls(
             tokenizer, sequence_length=sequence_length
         )
-        model._tokenizer_checked = True
+        # The table was just hashed from this tokenizer's vocabulary.
+        model._verified_tokenizer = vocabulary.tokenizer_fingerprint(tokenizer)
         return model
 
     @classmethod
@@ -128,28 +132,14 @@ class MultiHashFormerCausalLM(CausalLM):
         (token id = position), e.g. for benchmarks on synthetic vocabularies.
         Arguments as `from_tokenizer`; `pad_token_id` gets the all-zero
         signature."""
-        trunk, hashes = parse_architecture(architecture)
-        if hashes is None:
-            raise ValueError(
-                f"Architecture {architecture!r} names a Standard trunk; use "
-                "`keras_mhf.models.standard_causal_lm` for it, or add a hash "
-                "configuration such as '_h4b16k'."
-            )
-        config = {**trunk, **hashes, **backbone_kwargs}
-        table = SignatureTable.from_tokens(
+        backbone = vocabulary.build_backbone(
+            cls.backbone_cls,
             tokens,
-            config["num_hashes"],
-            config["num_buckets"],
-            pad_token_id=pad_token_id,
-            rule=signature_rule,
-        )
-        backbone = MultiHashFormerBackbone(
-            vocabulary_size=len(tokens),
+            architecture,
             pad_token_id=pad_token_id,
             signature_rule=signature_rule,
-            signatures=table,
             dtype=dtype,
-            **config,
+            **backbone_kwargs,
         )
         return cls(backbone=backbone, preprocessor=None)
 
@@ -163,13 +153,11 @@ class MultiHashFormerCausalLM(CausalLM):
             load_weights: whether to load the weights.
             **kwargs: forwarded to KerasHub's loader (e.g. `dtype`), or, for
                 an authors' checkpoint, `tokenizer` (a tokenizer or `.model`
-                path) and `dtype`.
+                path), `dtype` and `sequence_length`.
         """
-        from keras_mhf.models import authors_checkpoint
-
         if authors_checkpoint.is_authors_checkpoint(preset):
             return authors_checkpoint.load_authors_checkpoint(
-                preset, load_weights=load_weights, **kwargs
+                cls, preset, load_weights=load_weights, **kwargs
             )
         model = super().from_preset(preset, load_weights=load_weights, **kwargs)
         if load_weights:
@@ -203,11 +191,18 @@ class MultiHashFormerCausalLM(CausalLM):
         )
 
     def _target_signatures(self, y):
+        """Token targets `[b, s]` -> their signatures `[b, s, H]`.
+
+        The loss and the metrics see signatures, not token ids. Keras calls
+        `compute_loss` and then `compute_metrics` with the same `y` object
+        in one train or test step; on JAX `compute_metrics` runs outside the
+        stateless scope that holds the variables' values (so the signature
+        table cannot be read there), hence `compute_loss` caches the
+        signatures it computed, keyed by the identity of `y`, and
+        `compute_metrics` takes them from the cache and clears it.
+        """
         if y is None:
             return None
-        # `compute_metrics` runs right after `compute_loss` in the same train
-        # or test step; on JAX it runs outside the scope that holds the
-        # variables' values, so it reuses the signatures computed here.
         cached = getattr(self, "_signature_cache", None)
         if cached is not None and cached[0] is y:
             return cached[1]
@@ -233,18 +228,25 @@ class MultiHashFormerCausalLM(CausalLM):
             x, signatures, y_pred, sample_weight=sample_weight
         )
 
-    def fit(self, *args, **kwargs):
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit`, after checking the tokenizer and, for token-id
+        data, that every id is in the vocabulary (before any state
+        changes; streamed datasets are checked batch by batch)."""
         self.check_tokenizer()
-        return super().fit(*args, **kwargs)
+        if self.preprocessor is None:
+            check_feature_ids(x, y, self.backbone.vocabulary_size)
+            x = checked_dataset(x, self.backbone.vocabulary_size)
+        return super().fit(x, y, *args, **kwargs)
 
     # --- Inference ----------------------------------------------------------
 
     def bucket_logits(self, hidden_states):
         """Final hidden states `[..., d]` -> bucket logits `[..., H, B]`."""
-        return self.hash_decoder(hidden_states, self.backbone.hash_encoder.embeddings)
+        return self.hash_decoder(hidden_states)
 
     def token_log_probs(self, hidden_states):
-        """Final hidden states `[..., d]` -> token log-probs `[..., V]` (fp32)."""
+        """Final hidden states `[..., d]` -> token log-probs `[..., V]`
+        (fp32)."""
         return self.backbone.signature_lookup.token_log_probs(
             self.bucket_logits(hidden_states)
         )
@@ -267,7 +269,8 @@ class MultiHashFormerCausalLM(CausalLM):
 
         Args:
             token_ids: int `[b, s]`.
-            cache: float `[b, num_layers, 2, max_length, num_kv_heads, head_dim]`.
+            cache: float
+                `[b, num_layers, 2, max_length, num_kv_heads, head_dim]`.
             cache_update_index: int, position of `token_ids[:, 0]`.
 
         Returns:
@@ -281,7 +284,10 @@ class MultiHashFormerCausalLM(CausalLM):
     def _build_cache(self, token_ids):
         """Builds and seeds the KV cache (the trunk only: the prompt's token
         log-probs are not needed)."""
-        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        batch_size, max_length = (
+            ops.shape(token_ids)[0],
+            ops.shape(token_ids)[1],
+        )
         shape = [
             batch_size,
             self.backbone.num_layers,
@@ -297,6 +303,21 @@ class MultiHashFormerCausalLM(CausalLM):
     # The generation loop only calls `_build_cache`, `call_with_cache` and the
     # sampler, so KerasHub's own Qwen3 implementation serves unchanged.
     generate_step = Qwen3CausalLM.generate_step
+
+    def make_generate_function(self):
+        """KerasHub's compiled generation function, behind a host-side check
+        of the prompt's token ids (once per call, not per generated token)."""
+        if self.generate_function is not None:
+            return self.generate_function
+        compiled = super().make_generate_function()
+        vocabulary_size = self.backbone.vocabulary_size
+
+        def generate_function(inputs, stop_token_ids=None):
+            check_token_ids(inputs["token_ids"], vocabulary_size)
+            return compiled(inputs, stop_token_ids)
+
+        self.generate_function = generate_function
+        return generate_function
 
     def generate(self, *args, **kwargs):
         self.check_tokenizer()
@@ -333,6 +354,11 @@ class MultiHashFormerCausalLM(CausalLM):
                 "token ids via the target_ids parameter."
             )
         self.check_tokenizer()
+        check_token_ids(token_ids, self.backbone.vocabulary_size)
+        if target_ids is not None:
+            check_token_ids(
+                target_ids, self.backbone.vocabulary_size, "Target ids"
+            )
         if padding_mask is None:
             padding_mask = ops.ones(ops.shape(token_ids)[:2], dtype="int32")
         if layer_intercept_fn is None:
@@ -342,7 +368,9 @@ class MultiHashFormerCausalLM(CausalLM):
 
         x = layer_intercept_fn(self.backbone.embed(token_ids), -1)
         for i, block in enumerate(self.backbone.transformer_layers):
-            x = layer_intercept_fn(block(x, decoder_padding_mask=padding_mask), i)
+            x = layer_intercept_fn(
+                block(x, decoder_padding_mask=padding_mask), i
+            )
         log_probs = self.token_log_probs(self.backbone.layer_norm(x))
         if scoring_mode == "logits":
             return log_probs
@@ -355,7 +383,9 @@ class MultiHashFormerCausalLM(CausalLM):
         token ids; works from the TensorFlow, JAX and PyTorch backends. See
         `keras_mhf.export`. Other formats go to `keras.Model.export`."""
         if format != "tf_saved_model" or kwargs:
-            return super().export(filepath, format=format, verbose=verbose, **kwargs)
+            return super().export(
+                filepath, format=format, verbose=verbose, **kwargs
+            )
         from keras_mhf.export import export_causal_lm
 
         return export_causal_lm(self, filepath, verbose=bool(verbose))
@@ -364,55 +394,30 @@ class MultiHashFormerCausalLM(CausalLM):
 
     def check_tokenizer(self, force=False):
         """Raises a clear error if the attached tokenizer does not match the
-        model's signature table (checked once per model unless `force`)."""
-        if self._tokenizer_checked and not force:
-            return
+        model's signature table.
+
+        The full check hashes the tokenizer's vocabulary; it runs whenever the
+        attached tokenizer differs (by sha256 of its model) from the last one
+        that passed, or when `force` is set.
+        """
         tokenizer = getattr(self.preprocessor, "tokenizer", None)
-        if tokenizer is None or getattr(tokenizer, "proto", None) is None:
-            self._tokenizer_checked = True
+        if tokenizer is None:
             return
-        backbone = self.backbone
-        vocabulary = tokenizer.get_vocabulary()
-        if len(vocabulary) != backbone.vocabulary_size:
-            raise ValueError(
-                f"The tokenizer has {len(vocabulary)} tokens but the model's "
-                f"signature table has {backbone.vocabulary_size} rows: they do not "
-                "belong together. Attach the tokenizer the model was trained "
-                "with, or call `expand_vocabulary` with the new tokens."
-            )
-        stored = backbone.signature_lookup.get_signatures()
-        try:
-            expected = SignatureTable.from_tokens(
-                vocabulary,
-                backbone.num_hashes,
-                backbone.num_buckets,
-                backbone.pad_token_id,
-                backbone.signature_rule,
-            ).signatures
-        except ValueError as error:
-            raise ValueError(
-                f"The tokenizer's vocabulary cannot be hashed with the model's "
-                f"settings: {error}"
-            ) from error
-        if not np.array_equal(stored, expected):
-            rows = np.nonzero(np.any(stored != expected, axis=1))[0]
-            raise ValueError(
-                f"The tokenizer does not match the model's signature table: "
-                f"{len(rows)} of {len(stored)} token(s) hash differently (e.g. "
-                f"id {rows[0]} {vocabulary[rows[0]]!r}: model "
-                f"{tuple(stored[rows[0]].tolist())}, tokenizer "
-                f"{tuple(expected[rows[0]].tolist())}). The model would read "
-                "the wrong embeddings; attach the tokenizer it was trained with."
-            )
-        self._tokenizer_checked = True
+        fingerprint = vocabulary.tokenizer_fingerprint(tokenizer)
+        if fingerprint is None or (
+            fingerprint == self._verified_tokenizer and not force
+        ):
+            return
+        vocabulary.check_tokenizer(self.backbone, tokenizer)
+        self._verified_tokenizer = fingerprint
 
     def expand_vocabulary(self, new_tokens=None, tokenizer=None):
         """Returns a model for a larger vocabulary, with no new parameters.
 
         New tokens are appended after the old ids and hashed with the same
         rule and seeds (paper Sec. 4.4), so every old signature, and so the
-        old tokens' behaviour, is unchanged. All trained weights are shared
-        by value with the returned model.
+        old tokens' behaviour, is unchanged. Every trained weight is copied
+        (by weight path) into the returned model.
 
         Args:
             new_tokens: list of new token strings (appended in order).
@@ -424,52 +429,4 @@ class MultiHashFormerCausalLM(CausalLM):
         Returns:
             A new `MultiHashFormerCausalLM`.
         """
-        backbone = self.backbone
-        old_tokenizer = getattr(self.preprocessor, "tokenizer", None)
-        if old_tokenizer is not None:
-            old_vocabulary = old_tokenizer.get_vocabulary()
-        elif tokenizer is not None:
-            old_vocabulary = tokenizer.get_vocabulary()[: backbone.vocabulary_size]
-        else:
-            raise ValueError(
-                "expand_vocabulary needs the old token strings: attach the "
-                "model's tokenizer (preprocessor) or pass the expanded `tokenizer`."
-            )
-        if tokenizer is not None:
-            vocabulary = tokenizer.get_vocabulary()
-            if vocabulary[: len(old_vocabulary)] != old_vocabulary:
-                raise ValueError(
-                    "The new tokenizer does not start with the model's vocabulary: "
-                    "old ids must keep their pieces. Append new pieces after the "
-                    "old ones."
-                )
-            if new_tokens is not None and list(new_tokens) != vocabulary[len(old_vocabulary) :]:
-                raise ValueError("`new_tokens` differs from the tokenizer's new pieces.")
-            new_tokens = vocabulary[len(old_vocabulary) :]
-        if not new_tokens:
-            raise ValueError("No new tokens to add.")
-        old_table = backbone.get_signature_table(tokens=old_vocabulary)
-        new_table = old_table.expand(list(new_tokens))
-        config = backbone.get_config()
-        config.update(vocabulary_size=len(new_table), signatures=new_table)
-        new_backbone = MultiHashFormerBackbone.from_config(config)
-        for old, new in zip(backbone.weights, new_backbone.weights):
-            if new is new_backbone.signature_lookup.signatures:
-                continue
-            new.assign(old)
-        # With only `new_tokens`, no tokenizer can produce the new ids: the
-        # returned model has no preprocessor until one is attached.
-        preprocessor = None
-        if tokenizer is not None:
-            old = self.preprocessor
-            preprocessor = MultiHashFormerCausalLMPreprocessor(
-                tokenizer,
-                sequence_length=old.sequence_length if old else 1024,
-                add_start_token=old.add_start_token if old else True,
-                add_end_token=old.add_end_token if old else True,
-            )
-        expanded = MultiHashFormerCausalLM(new_backbone, preprocessor)
-        for old, new in zip(self.hash_decoder.weights, expanded.hash_decoder.weights):
-            new.assign(old)
-        expanded._tokenizer_checked = True
-        return expanded
+        return vocabulary.expand_vocabulary(self, new_tokens, tokenizer)

@@ -2,7 +2,9 @@ import keras
 from keras_hub.models import CausalLMPreprocessor
 
 from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
-from keras_mhf.models.multi_hash_former_tokenizer import MultiHashFormerTokenizer
+from keras_mhf.models.multi_hash_former_tokenizer import (
+    MultiHashFormerTokenizer,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")

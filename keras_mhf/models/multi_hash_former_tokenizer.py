@@ -52,7 +52,11 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
         super()._update_special_token_ids()
         vocabulary = self._token_to_id_map
         if "<pad>" in vocabulary:
-            self.pad_token_id = self.signature_pad_token_id = vocabulary["<pad>"]
+            self.pad_token_id = self.signature_pad_token_id = vocabulary[
+                "<pad>"
+            ]
         else:
-            self.pad_token_id = self._unk_token_id if self._unk_token_id >= 0 else 0
+            self.pad_token_id = (
+                self._unk_token_id if self._unk_token_id >= 0 else 0
+            )
             self.signature_pad_token_id = self.end_token_id

@@ -1,42 +1,68 @@
 """The Standard / Standard+kL baseline (paper Sec. 4.1, "Baselines")."""
 
 import keras
-from keras_hub.models import Qwen3Backbone
 from keras_hub.models import Qwen3CausalLM
-
-# Imported for its fix of the q/k-norm epsilon of KerasHub's Qwen3 block.
-import keras_mhf.models.qwen3_trunk  # noqa: F401
 
 from keras_mhf.models.multi_hash_former_architectures import parse_architecture
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
+from keras_mhf.models.standard_backbone import StandardBackbone
+
+
+@keras.saving.register_keras_serializable(package="keras_mhf")
+class StandardCausalLM(Qwen3CausalLM):
+    """KerasHub's `Qwen3CausalLM` on a `StandardBackbone`.
+
+    Generation, scoring and the KV cache are KerasHub's own Qwen3 code; only
+    the backbone (the same `Qwen3DecoderBlock` trunk as MultiHashFormer) and
+    the default loss differ: a token cross-entropy averaged over unmasked
+    positions, like `SignatureCrossEntropy`. Build one with
+    `keras_mhf.models.standard_causal_lm(tokenizer, architecture)`.
+
+    Args:
+        backbone: a `StandardBackbone`.
+        preprocessor: a `MultiHashFormerCausalLMPreprocessor` or `None`.
+        **kwargs: standard `keras_hub.models.CausalLM` arguments.
+
+    Example:
+
+    ```python
+    standard = keras_mhf.models.standard_causal_lm(tokenizer, "tiny")
+    standard.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
+    standard.generate("The cell", max_length=16)
+    ```
+    """
+
+    backbone_cls = StandardBackbone
+    preprocessor_cls = MultiHashFormerCausalLMPreprocessor
+
+    def compile(self, optimizer="auto", loss="auto", **kwargs):
+        """Like `CausalLM.compile`, with the default loss averaged over the
+        unmasked positions (`reduction="mean_with_sample_weight"`)."""
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(
+                from_logits=True, reduction="mean_with_sample_weight"
+            )
+        super().compile(optimizer=optimizer, loss=loss, **kwargs)
 
 
 def standard_backbone(
-    vocabulary_size, architecture="tiny", extra_layers=0, dtype=None, **backbone_kwargs
+    vocabulary_size,
+    architecture="tiny",
+    extra_layers=0,
+    dtype=None,
+    **backbone_kwargs,
 ):
-    """The Standard baseline's `Qwen3Backbone` (see `standard_causal_lm`),
-    for a vocabulary size without a tokenizer (e.g. benchmarks)."""
+    """The Standard baseline's `StandardBackbone` for a named trunk (see
+    `standard_causal_lm`), for a vocabulary size without a tokenizer (e.g.
+    benchmarks)."""
     trunk, _ = parse_architecture(architecture)
     trunk["num_layers"] += int(extra_layers)
     trunk.update(backbone_kwargs)
-    epsilon = trunk.pop("layer_norm_epsilon", 1e-6)
-    backbone = Qwen3Backbone(
-        vocabulary_size=vocabulary_size,
-        rope_max_wavelength=trunk.pop("rope_max_wavelength", 1_000_000),
-        layer_norm_epsilon=epsilon,
-        tie_word_embeddings=True,
-        sliding_window_size=None,
-        dtype=dtype,
-        **trunk,
+    return StandardBackbone(
+        vocabulary_size=vocabulary_size, dtype=dtype, **trunk
     )
-    # The authors initialise the embedding N(0, 0.02) (KerasHub uses 0.01).
-    embeddings = backbone.token_embedding.embeddings
-    embeddings.assign(
-        keras.initializers.RandomNormal(stddev=0.02)(embeddings.shape, embeddings.dtype)
-    )
-    return backbone
 
 
 def standard_causal_lm(
@@ -47,14 +73,13 @@ def standard_causal_lm(
     dtype=None,
     **backbone_kwargs,
 ):
-    """KerasHub's own `Qwen3CausalLM` on the same trunk and tokenizer as MHF.
+    """The Standard baseline on the same trunk and tokenizer as MHF.
 
     A vocabulary-sized tied embedding matrix replaces the hash interface;
     everything else (Qwen3 blocks, RoPE theta 1e6, RMSNorm eps 1e-6 on every
     norm including q/k, full attention, N(0, 0.02) initialisation) matches
     `MultiHashFormerBackbone`. `extra_layers=k` gives the paper's
-    Standard+kL. The model is compiled with a token cross-entropy averaged
-    over unmasked positions, like `SignatureCrossEntropy`.
+    Standard+kL.
 
     Args:
         tokenizer: a `MultiHashFormerTokenizer` (shared with the MHF model).
@@ -63,27 +88,27 @@ def standard_causal_lm(
         extra_layers: int, decoder blocks added on top of the trunk's.
         sequence_length: the preprocessor's packed length.
         dtype: dtype policy.
-        **backbone_kwargs: overrides of `Qwen3Backbone` arguments.
+        **backbone_kwargs: overrides of `StandardBackbone` arguments.
 
     Returns:
-        A `keras_hub.models.Qwen3CausalLM`.
+        A `StandardCausalLM` (a KerasHub `Qwen3CausalLM`).
 
     Example:
 
     ```python
-    standard = keras_mhf.models.standard_causal_lm(tokenizer, "tiny", extra_layers=1)
+    standard = keras_mhf.models.standard_causal_lm(
+        tokenizer, "tiny", extra_layers=1
+    )
     ```
     """
     backbone = standard_backbone(
-        tokenizer.vocabulary_size(), architecture, extra_layers, dtype, **backbone_kwargs
+        tokenizer.vocabulary_size(),
+        architecture,
+        extra_layers,
+        dtype,
+        **backbone_kwargs,
     )
     preprocessor = MultiHashFormerCausalLMPreprocessor(
         tokenizer, sequence_length=sequence_length
     )
-    model = Qwen3CausalLM(backbone=backbone, preprocessor=preprocessor)
-    model.compile(
-        loss=keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction="mean_with_sample_weight"
-        )
-    )
-    return model
+    return StandardCausalLM(backbone=backbone, preprocessor=preprocessor)

@@ -1,0 +1,78 @@
+"""Models and FLOP counts shared by `tools/benchmark.py` and
+`tools/profile_step.py`: MultiHashFormer and the Standard baseline on the same
+trunk, for a given vocabulary size (synthetic token strings beyond a real
+tokenizer's), and the analytic FLOPs per token of either."""
+
+import keras
+
+from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
+from keras_mhf.models.standard_causal_lm import StandardCausalLM
+from keras_mhf.models.standard_causal_lm import standard_backbone
+
+
+def trunk_kwargs(hidden_dim, num_layers):
+    """A Qwen3 trunk of width `hidden_dim` (heads of 64, 4 query heads per KV
+    head, MLP 3d)."""
+    heads = max(1, hidden_dim // 64)
+    return dict(
+        num_layers=num_layers,
+        hidden_dim=hidden_dim,
+        num_query_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        head_dim=hidden_dim // heads,
+        intermediate_dim=3 * hidden_dim,
+    )
+
+
+def parse_config(config):
+    """`"h4b16384"` -> `(4, 16384)`."""
+    h, b = config[1:].split("b")
+    return int(h), int(b)
+
+
+def synthetic_tokens(vocabulary_size):
+    """`<unk>`, `<s>`, `</s>` and `tok0, tok1, ...` up to `vocabulary_size`."""
+    return ["<unk>", "<s>", "</s>"] + [
+        f"tok{i}" for i in range(vocabulary_size - 3)
+    ]
+
+
+def benchmark_model(config, vocabulary_size, trunk, seed=0):
+    """`"standard"` or an `"h<H>b<B>"` MHF on `trunk` (`trunk_kwargs`),
+    compiled with AdamW(1e-4) and the greedy sampler, no preprocessor."""
+    keras.utils.set_random_seed(seed)
+    if config == "standard":
+        backbone = standard_backbone(vocabulary_size, "tiny", **trunk)
+        model = StandardCausalLM(backbone=backbone, preprocessor=None)
+    else:
+        h, b = parse_config(config)
+        model = MultiHashFormerCausalLM.from_tokens(
+            synthetic_tokens(vocabulary_size),
+            f"tiny_h{h}b{b}",
+            pad_token_id=2,
+            **trunk,
+        )
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4), sampler="greedy")
+    return model
+
+
+def flops_per_token(config, vocabulary_size, trunk, context, factor=6):
+    """Analytic FLOPs per token of a trunk (`trunk_kwargs` keys): training
+    is `6 x` the forward multiply-adds at `context` = the sequence length;
+    generation is `2 x` them at the average context of the new tokens."""
+    d, L, s = trunk["hidden_dim"], trunk["num_layers"], context
+    q, kv, hd, ff = (
+        trunk["num_query_heads"],
+        trunk["num_key_value_heads"],
+        trunk["head_dim"],
+        trunk["intermediate_dim"],
+    )
+    body = L * (d * hd * (2 * q + 2 * kv) + 3 * d * ff)
+    attention = L * 2 * q * hd * s  # QK^T and AV, causal average over positions
+    if config == "standard":
+        head = vocabulary_size * d
+    else:
+        h, b = parse_config(config)
+        # H bucket logits + H-1 soft retrievals, the H-1 mixers and the gate.
+        head = (2 * h - 1) * b * d + (h - 1) * 3 * 64 * d + h * d * 64 + d * d
+    return factor * (body + attention + head)

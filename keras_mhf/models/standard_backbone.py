@@ -1,0 +1,141 @@
+import keras
+from keras.layers import ReversibleEmbedding
+from keras_hub.models import Backbone
+
+from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
+
+
+@keras.saving.register_keras_serializable(package="keras_mhf")
+class StandardBackbone(Backbone):
+    """The Standard baseline's trunk (paper Sec. 4.1, "Baselines").
+
+    KerasHub's `Qwen3Backbone` layer for layer (a tied `ReversibleEmbedding`
+    of `V x d`, Qwen3 decoder blocks, a final RMSNorm; the same layer names
+    and weight paths), built from the same `Qwen3DecoderBlock` as
+    `MultiHashFormerBackbone`, so every RMSNorm (q/k norms included) uses
+    `layer_norm_epsilon`, and with the paper's defaults: RoPE theta 1e6, eps
+    1e-6, full attention, tied embeddings. The embedding is initialised
+    N(0, 0.02), the authors' initialisation; it is drawn after the trunk, so
+    a `StandardBackbone` and a `Qwen3Backbone` built under the same seed have
+    identical trunk weights.
+
+    Args:
+        vocabulary_size: int, `V`.
+        num_layers: int, decoder blocks.
+        num_query_heads: int.
+        num_key_value_heads: int (GQA).
+        head_dim: int.
+        hidden_dim: int, `d`.
+        intermediate_dim: int, SwiGLU width.
+        rope_max_wavelength: float, RoPE theta. Defaults to 1e6.
+        rope_scaling_factor: float. Defaults to 1.0.
+        layer_norm_epsilon: float, every RMSNorm. Defaults to 1e-6.
+        dropout: float. Defaults to 0.
+        dtype: dtype policy of the model.
+        **kwargs: standard `keras.Model` arguments.
+
+    Example:
+
+    ```python
+    backbone = keras_mhf.models.StandardBackbone(
+        vocabulary_size=100, num_layers=2, num_query_heads=4,
+        num_key_value_heads=2, head_dim=8, hidden_dim=32, intermediate_dim=64,
+    )
+    backbone({"token_ids": np.ones((1, 5), "int32"),
+              "padding_mask": np.ones((1, 5), "int32")})  # [1, 5, 32]
+    ```
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        num_query_heads,
+        num_key_value_heads,
+        head_dim,
+        hidden_dim,
+        intermediate_dim,
+        rope_max_wavelength=1_000_000,
+        rope_scaling_factor=1.0,
+        layer_norm_epsilon=1e-6,
+        dropout=0.0,
+        dtype=None,
+        **kwargs,
+    ):
+        # === Layers ===
+        self.token_embedding = ReversibleEmbedding(
+            input_dim=vocabulary_size,
+            output_dim=hidden_dim,
+            tie_weights=True,
+            # KerasHub's Qwen3 initialiser; redrawn N(0, 0.02) below.
+            embeddings_initializer=keras.initializers.RandomNormal(stddev=0.01),
+            dtype=dtype,
+            name="token_embedding",
+        )
+        self.transformer_layers, self.layer_norm = make_trunk_layers(
+            num_layers,
+            num_query_heads,
+            num_key_value_heads,
+            head_dim,
+            intermediate_dim,
+            rope_max_wavelength,
+            rope_scaling_factor,
+            layer_norm_epsilon,
+            dropout,
+            dtype,
+        )
+
+        # === Functional Model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(
+            shape=(None,), dtype="int32", name="padding_mask"
+        )
+        x = self.token_embedding(token_ids)
+        for block in self.transformer_layers:
+            x = block(x, decoder_padding_mask=padding_mask)
+        sequence_output = self.layer_norm(x)
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+            outputs=sequence_output,
+            dtype=dtype,
+            **kwargs,
+        )
+        embeddings = self.token_embedding.embeddings
+        if keras.backend.is_float_dtype(embeddings.dtype):  # not when quantized
+            embeddings.assign(
+                keras.initializers.RandomNormal(stddev=0.02)(
+                    embeddings.shape, embeddings.dtype
+                )
+            )
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_query_heads = num_query_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.rope_max_wavelength = rope_max_wavelength
+        self.rope_scaling_factor = rope_scaling_factor
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.dropout = dropout
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_layers": self.num_layers,
+                "num_query_heads": self.num_query_heads,
+                "num_key_value_heads": self.num_key_value_heads,
+                "head_dim": self.head_dim,
+                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "rope_max_wavelength": self.rope_max_wavelength,
+                "rope_scaling_factor": self.rope_scaling_factor,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "dropout": self.dropout,
+            }
+        )
+        return config

@@ -1,0 +1,113 @@
+"""Structure of the package, read from its source: no import cycles (function
+level imports included), backend-specific imports only in the modules named
+for it."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "keras_mhf"
+
+
+def module_name(path):
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def package_modules():
+    return {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def imported_modules(path, modules):
+    """Every `keras_mhf` module that `path` imports anywhere in its body."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.level:
+                raise AssertionError(
+                    f"{path}: relative import of {node.module}"
+                )
+            if not node.module.startswith("keras_mhf"):
+                continue
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+    return found
+
+
+def import_graph():
+    modules = package_modules()
+    return {
+        name: imported_modules(path, modules) - {name}
+        for name, path in modules.items()
+    }
+
+
+def cycles(graph):
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_two_modules_import_each_other():
+    graph = import_graph()
+    assert graph[
+        "keras_mhf.models.multi_hash_former_causal_lm"
+    ]  # the reader works
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_layers_and_models_use_keras_ops_only():
+    """No backend imports in layers/ and models/ (backend-specific code lives
+    in export.py and distribution.py)."""
+    backends = ("jax", "torch", "tensorflow")
+    for name, path in package_modules().items():
+        if not name.startswith(("keras_mhf.layers", "keras_mhf.models")):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for imported in names:
+                assert imported.split(".")[0] not in backends, (
+                    f"{name} imports {imported}"
+                )
