@@ -45,21 +45,28 @@ def parse_mesh(mesh):
     return mesh
 
 
-def make_distribution(kind, mesh=None, devices=None):
+def make_distribution(kind, mesh=None, devices=None, config=None):
     """A `keras.distribution.Distribution` for MHF (or Standard) training.
 
     Args:
         kind: `"data"` (DataParallel) or `"model"` (ModelParallel with
-            `MultiHashFormerBackbone.get_layout_map`; the same regexes cover
+            `MultiHashFormerBackbone.get_layout_map`; the same rules cover
             the Standard Qwen3 blocks).
         mesh: `(batch, model)` sizes; `"data"` defaults to all devices on the
             batch axis, `"model"` requires it.
         devices: defaults to `keras.distribution.list_devices()`.
+        config: the backbone config (or
+            `keras_mhf.models.architecture_config(name)`) of the model to be
+            built. With it, model parallelism fits the layout to the model
+            (dimensions a mesh axis does not divide are replicated) and
+            checks it up front; without it, a layout that does not fit fails
+            when the weights are created.
     """
     check_backend()
     from keras_mhf.models.multi_hash_former_backbone import (
         MultiHashFormerBackbone,
     )
+    from keras_mhf.models.multi_hash_former_layout import check_layout_map
 
     devices = devices or keras.distribution.list_devices()
     if kind not in KINDS:
@@ -84,7 +91,11 @@ def make_distribution(kind, mesh=None, devices=None):
     device_mesh = keras.distribution.DeviceMesh(
         (batch, model), ("batch", "model"), devices
     )
-    layout_map = MultiHashFormerBackbone.get_layout_map(device_mesh)
+    layout_map = MultiHashFormerBackbone.get_layout_map(
+        device_mesh, config=config
+    )
+    if config is not None:
+        check_layout_map(layout_map, config)
     return keras.distribution.ModelParallel(
         layout_map=layout_map, batch_dim_name="batch"
     )

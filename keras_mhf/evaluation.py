@@ -10,31 +10,40 @@ tokenizer.
 import numpy as np
 from keras import ops
 
+from keras_mhf.next_token_scorer import NextTokenScorer
+
 
 def _log_softmax(x):
     x = x - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def next_token_scores(model, token_ids, padding_mask=None):
+def next_token_scores(model, token_ids, padding_mask=None, batch_size=8):
     """Scores every next token of a batch: `(log_probs, is_argmax)`, both
     `[n, s-1]`, where `log_probs[i, t] = log p(token_ids[i, t+1] |
     token_ids[i, :t+1])` normalised over the whole vocabulary (float32) and
     `is_argmax[i, t]` tells whether that token is the model's top choice.
 
-    The one place where evaluation calls `model.score` (MHF scores are
-    already log-probs, Standard scores are logits: a log-softmax serves both).
+    The one place where evaluation scores a model: a `NextTokenScorer`,
+    compiled once per padded shape.
     """
+    scorer = NextTokenScorer.for_model(model, batch_size=batch_size)
+    log_probs, is_argmax, _ = scorer(token_ids, padding_mask)
+    return log_probs, is_argmax
+
+
+def reference_next_token_scores(model, token_ids, padding_mask=None):
+    """`next_token_scores` through the eager `model.score()` and numpy, as
+    evaluation computed it before the compiled scorer (kept to check that
+    both give the same numbers, and to measure the speed-up)."""
     token_ids = np.asarray(token_ids, "int32")
     if padding_mask is None:
         padding_mask = np.ones_like(token_ids)
-    scores = np.asarray(
-        ops.convert_to_numpy(
-            model.score(token_ids, np.asarray(padding_mask, "int32"))
-        ),
-        "float32",
+    scores = model.score(token_ids, np.asarray(padding_mask, "int32"))
+    log_probs = _log_softmax(
+        np.asarray(ops.convert_to_numpy(scores), "float32")
     )
-    log_probs = _log_softmax(scores[:, :-1])
+    log_probs = log_probs[:, :-1]
     targets = token_ids[:, 1:, None]
     picked = np.take_along_axis(log_probs, targets, -1)[..., 0]
     return picked, log_probs.argmax(-1) == targets[..., 0]
@@ -46,30 +55,16 @@ def token_log_likelihoods(model, token_ids, padding_mask=None, batch_size=8):
     Entry `[i, t]` is `log p(token_ids[i, t+1] | token_ids[i, :t+1])`,
     normalised over the whole vocabulary (float32).
     """
-    token_ids = np.asarray(token_ids, "int32")
-    if padding_mask is None:
-        padding_mask = np.ones_like(token_ids)
-    out = []
-    for start in range(0, len(token_ids), batch_size):
-        batch = slice(start, start + batch_size)
-        out.append(
-            next_token_scores(model, token_ids[batch], padding_mask[batch])[0]
-        )
-    return np.concatenate(out, 0)
+    return next_token_scores(model, token_ids, padding_mask, batch_size)[0]
 
 
 def block_scores(model, blocks, batch_size=8):
     """Per-token NLL and top-1 hits of packed `[n, L+1]` blocks:
     `(nll [n, L] float64, correct [n, L] bool)`."""
-    blocks = np.asarray(blocks, "int32")
-    nll, correct = [], []
-    for start in range(0, len(blocks), batch_size):
-        log_probs, is_argmax = next_token_scores(
-            model, blocks[start : start + batch_size]
-        )
-        nll.append(-log_probs)
-        correct.append(is_argmax)
-    return np.concatenate(nll).astype("float64"), np.concatenate(correct)
+    log_probs, is_argmax = next_token_scores(
+        model, np.asarray(blocks, "int32"), batch_size=batch_size
+    )
+    return -log_probs.astype("float64"), is_argmax
 
 
 def perplexity(model, blocks, batch_size=8):
@@ -133,11 +128,15 @@ def encode_pair(tokenizer, context, continuation):
     return bos + context_ids, whole[len(context_ids) :]
 
 
-def loglikelihoods(model, tokenizer, requests, batch_size=8):
+def loglikelihoods(model, tokenizer, requests, batch_size=8, reference=False):
     """lm-eval style log-likelihood requests.
 
     Args:
         requests: list of `(context, continuation)` strings.
+        batch_size: requests per batch (sorted longest first).
+        reference: score with `reference_next_token_scores` (the eager path
+            evaluation used before the compiled scorer; for checks and
+            `tools/benchmark_evaluation.py`).
 
     Returns:
         list of `(log_likelihood, is_greedy)`: the summed log-probability of
@@ -153,7 +152,12 @@ def loglikelihoods(model, tokenizer, requests, batch_size=8):
     for start in range(0, len(order), batch_size):
         batch = order[start : start + batch_size]
         ids, mask = _pad_batch([encoded[i][0] + encoded[i][1] for i in batch])
-        log_probs, is_argmax = next_token_scores(model, ids, mask)
+        if reference:
+            log_probs, is_argmax = reference_next_token_scores(model, ids, mask)
+        else:
+            log_probs, is_argmax = next_token_scores(
+                model, ids, mask, batch_size
+            )
         for row, i in enumerate(batch):
             context, continuation = encoded[i]
             positions = np.arange(

@@ -10,6 +10,8 @@ import mmh3
 import numpy as np
 
 RULES = ("unique", "reference", "repeated")
+# Bucket ids are stored and gathered as int32.
+MAX_BUCKETS = 2**31 - 1
 
 
 class SignatureTable:
@@ -356,12 +358,24 @@ def _check_tokens(tokens):
         raise ValueError(
             "The vocabulary is empty: pass at least one token string."
         )
-    for t in tokens:
+    for index, t in enumerate(tokens):
         if not isinstance(t, str):
             raise ValueError(
                 f"Token {t!r} is a {type(t).__name__}; every token must be a "
                 "str (decode bytes as UTF-8 first)."
             )
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as error:
+            # MurmurHash3 hashes the UTF-8 bytes; a lone surrogate has none
+            # (and crashes mmh3 itself).
+            raise ValueError(
+                f"Token {index} ({t!r}) is not valid Unicode text: "
+                f"{error.reason} at position {error.start}. Each token must "
+                "encode to UTF-8; "
+                "a lone surrogate usually means bytes were decoded with "
+                "'surrogateescape' or a UTF-16 pair was split."
+            ) from None
     if len(set(tokens)) != len(tokens):
         seen, dupes = set(), []
         for t in tokens:
@@ -386,6 +400,12 @@ def _check_hyperparameters(
         raise ValueError(
             f"`num_buckets` must be an int >= 2 (bucket 0 is reserved for the "
             f"pad token); got {num_buckets!r}."
+        )
+    if num_buckets > MAX_BUCKETS:
+        raise ValueError(
+            f"`num_buckets`={num_buckets} does not fit the int32 bucket ids "
+            f"the model stores; use at most {MAX_BUCKETS} (2**31 - 1) buckets "
+            "per head (more hashes give more capacity: (B-1)^H)."
         )
     if rule not in RULES:
         raise ValueError(f"`rule` must be one of {RULES}; got {rule!r}.")

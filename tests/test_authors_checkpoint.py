@@ -201,3 +201,54 @@ def test_malformed_config_and_pickles_are_refused(tmp_path):
     open(os.path.join(ckpt, "pytorch_model.bin"), "wb").write(b"not read")
     with pytest.raises(ValueError, match="safetensors only"):
         MultiHashFormerCausalLM.from_preset(ckpt)
+
+
+def _tokens():
+    return ["<unk>", "<s>", "</s>"] + [f"tok{i}" for i in range(37)]
+
+
+def test_config_with_fewer_layers_than_the_file_is_refused(tmp_path):
+    """Tensors the config does not account for are an error, never silently
+    dropped."""
+    write_checkpoint(str(tmp_path), _tokens())
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["num_hidden_layers"] = 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="does not account for.*layers.1"):
+        MultiHashFormerCausalLM.from_preset(str(tmp_path))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_corrupt_safetensors_is_reported_as_corrupt(tmp_path, damage):
+    write_checkpoint(str(tmp_path), _tokens())
+    path = tmp_path / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(
+        data[: len(data) // 2] if damage == "truncated" else b"\x00" * 64
+    )
+    with pytest.raises(ValueError, match="corrupt or truncated"):
+        MultiHashFormerCausalLM.from_preset(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "key, dtype, message",
+    [
+        ("model.embed_tokens.weight", "int32", "must be floating point"),
+        (
+            "model.layers.0.mlp.up_proj.weight",
+            "int32",
+            "must be floating point",
+        ),
+        ("model.hash_map", "float32", "integer bucket ids"),
+    ],
+)
+def test_wrong_dtypes_are_refused(tmp_path, key, dtype, message):
+    from safetensors.numpy import load_file
+
+    write_checkpoint(str(tmp_path), _tokens())
+    path = str(tmp_path / "model.safetensors")
+    tensors = load_file(path)
+    tensors[key] = tensors[key].astype(dtype)
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match=message):
+        MultiHashFormerCausalLM.from_preset(str(tmp_path))

@@ -1,6 +1,8 @@
-"""SavedModel export from the current backend, reloaded by a fresh
-TensorFlow-only process (no keras, no keras_mhf imported there)."""
+"""SavedModel export from the current backend, reloaded by fresh processes
+that import only TensorFlow (and tensorflow_text for the string endpoints):
+no keras, no keras_mhf there."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,20 +13,43 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_mhf.export import export_causal_lm
 from keras_mhf.models import standard_causal_lm
 
-RELOAD = """
+RELOAD_IDS = """
 import sys, numpy as np, tensorflow as tf
-assert "keras_mhf" not in sys.modules
 model = tf.saved_model.load(sys.argv[1])
+assert "keras_mhf" not in sys.modules
+assert "tensorflow_text" not in sys.modules
 out = {}
 for name in ("a", "b"):
     d = np.load(sys.argv[2] + f"_{name}.npz")
     out[f"serve_{name}"] = model.serve(
-        token_ids=d["ids"], padding_mask=d["mask"]).numpy()
+        token_ids=d["ids"], padding_mask=d["mask"]
+    )["log_probs"].numpy()
+    out[f"score_{name}"] = model.score(
+        token_ids=d["ids"], padding_mask=d["mask"]
+    )["token_log_probs"].numpy()
     g = model.generate(token_ids=d["gen_ids"], padding_mask=d["gen_mask"])
     out[f"gen_{name}"] = g["token_ids"].numpy()
 np.savez(sys.argv[3], **out)
+"""
+
+RELOAD_TEXT = """
+import json, sys, tensorflow as tf, tensorflow_text  # noqa: F401
+model = tf.saved_model.load(sys.argv[1])
+assert "keras_mhf" not in sys.modules
+prompts = json.loads(sys.argv[2])
+generated = model.generate_text(
+    prompts=tf.constant(prompts), max_new_tokens=tf.constant(6)
+)
+scored = model.score_text(texts=tf.constant(prompts))
+print(json.dumps({
+    "text": [t.decode() for t in generated["text"].numpy()],
+    "completion": [t.decode() for t in generated["completion"].numpy()],
+    "log_likelihood": scored["log_likelihood"].numpy().tolist(),
+    "num_tokens": scored["num_tokens"].numpy().tolist(),
+}))
 """
 
 
@@ -32,9 +57,8 @@ def batches(vocabulary_size):
     rng = np.random.default_rng(0)
     result = {}
     for name, (batch, length) in (("a", (2, 7)), ("b", (3, 11))):
-        ids = rng.integers(3, vocabulary_size, size=(batch, length)).astype(
-            "int32"
-        )
+        ids = rng.integers(3, vocabulary_size, size=(batch, length))
+        ids = ids.astype("int32")
         ids[:, 0] = 1
         mask = np.ones_like(ids)
         mask[0, length - 2 :] = 0  # right padding in one row
@@ -47,15 +71,25 @@ def batches(vocabulary_size):
     return result
 
 
-def keras_reference(model, data):
-    lengths = data["mask"].sum(1) - 1
-    scores = np.asarray(
-        ops.convert_to_numpy(model.score(data["ids"], data["mask"])), "float32"
-    )
+def to_numpy(x):
+    return np.asarray(ops.convert_to_numpy(x), "float32")
+
+
+def log_softmax(scores):
     scores = scores - scores.max(-1, keepdims=True)
-    log_probs = scores - np.log(np.exp(scores).sum(-1, keepdims=True))
+    return scores - np.log(np.exp(scores).sum(-1, keepdims=True))
+
+
+def keras_reference(model, data):
+    """What the endpoints must return, from the Keras model."""
+    log_probs = log_softmax(to_numpy(model.score(data["ids"], data["mask"])))
+    lengths = data["mask"].sum(1) - 1
     serve = log_probs[np.arange(len(lengths)), lengths]
-    preprocessor = model.preprocessor
+    picked = np.take_along_axis(
+        log_probs[:, :-1], data["ids"][:, 1:, None], -1
+    )[..., 0]
+    score = np.pad(picked * data["mask"][:, 1:], [[0, 0], [1, 0]])
+    preprocessor, sampler = model.preprocessor, model.sampler
     model.preprocessor = None
     model.compile(sampler="greedy")
     gen = model.generate(
@@ -65,69 +99,131 @@ def keras_reference(model, data):
         },
         stop_token_ids=None,
     )
-    model.preprocessor = preprocessor
-    return serve, np.asarray(ops.convert_to_numpy(gen["token_ids"]))
+    model.preprocessor, model.sampler = preprocessor, sampler
+    return serve, score, np.asarray(ops.convert_to_numpy(gen["token_ids"]))
 
 
-@pytest.mark.parametrize("kind", ["mhf", "standard"])
-def test_export_and_reload_in_plain_tensorflow(
-    kind, tiny_lm, small_tokenizer, tmp_path
-):
-    if kind == "standard":
-        keras.utils.set_random_seed(1)
-        model = standard_causal_lm(small_tokenizer, "tiny", sequence_length=16)
-        from keras_mhf.export import export_causal_lm
-
-        export_causal_lm(model, str(tmp_path / "saved"))
-    else:
-        model = tiny_lm
-        model.export(str(tmp_path / "saved"))
-    data = batches(small_tokenizer.vocabulary_size())
-    prefix = str(tmp_path / "batch")
-    for name, d in data.items():
-        np.savez(f"{prefix}_{name}.npz", **d)
+def run_in_plain_tensorflow(script, *args, cwd):
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            RELOAD,
-            str(tmp_path / "saved"),
-            prefix,
-            str(tmp_path / "out.npz"),
-        ],
+        [sys.executable, "-c", script, *args],
         capture_output=True,
         text=True,
         timeout=600,
         env=env,
-        cwd=str(tmp_path),
+        cwd=str(cwd),
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def check_id_endpoints(model, saved, vocabulary_size, tmp_path):
+    data = batches(vocabulary_size)
+    prefix = str(tmp_path / "batch")
+    for name, d in data.items():
+        np.savez(f"{prefix}_{name}.npz", **d)
+    run_in_plain_tensorflow(
+        RELOAD_IDS, saved, prefix, str(tmp_path / "out.npz"), cwd=tmp_path
+    )
     out = np.load(tmp_path / "out.npz")
     for name, d in data.items():
-        serve, gen = keras_reference(model, d)
-        assert out[f"serve_{name}"].shape == (
-            len(d["ids"]),
-            small_tokenizer.vocabulary_size(),
-        )
+        serve, score, gen = keras_reference(model, d)
+        assert out[f"serve_{name}"].shape == (len(d["ids"]), vocabulary_size)
         assert out[f"serve_{name}"].dtype == np.float32
         np.testing.assert_allclose(out[f"serve_{name}"], serve, atol=1e-5)
+        np.testing.assert_allclose(out[f"score_{name}"], score, atol=1e-5)
         np.testing.assert_array_equal(out[f"gen_{name}"], gen)
 
 
-def test_export_leaves_the_compile_state_alone(tiny_lm, corpus, tmp_path):
-    """Exporting does not recompile: optimizer (and its state), loss and
-    sampler are the ones the user set."""
+def test_mhf_export_text_and_id_endpoints(tiny_lm, corpus, tmp_path):
+    """One export: the compile state is left alone, the id endpoints match
+    the Keras model, and the string endpoints (SentencePiece in the graph)
+    match `generate` and `score` in a process with only TensorFlow and
+    tensorflow_text."""
     optimizer = keras.optimizers.AdamW(1e-3)
     sampler = keras_hub.samplers.TopPSampler(p=0.9)
     tiny_lm.compile(optimizer=optimizer, sampler=sampler)
     tiny_lm.fit(corpus[:4], batch_size=2, epochs=1, verbose=0)
     loss = tiny_lm.loss
     before = [np.array(ops.convert_to_numpy(v)) for v in optimizer.variables]
-    tiny_lm.export(str(tmp_path / "saved"))
+    saved = str(tmp_path / "saved")
+    tiny_lm.export(saved)
+
+    # Exporting does not recompile: optimizer state, loss, sampler unchanged.
     assert tiny_lm.optimizer is optimizer and tiny_lm.loss is loss
     assert tiny_lm.sampler is sampler
     after = [np.array(ops.convert_to_numpy(v)) for v in optimizer.variables]
     assert len(before) == len(after) and int(before[0]) > 0  # iterations
     for a, b in zip(before, after):
         np.testing.assert_array_equal(a, b)
+
+    tokenizer = tiny_lm.preprocessor.tokenizer
+    prompts = ["The cell", "Water boils at one"]
+    out = json.loads(
+        run_in_plain_tensorflow(
+            RELOAD_TEXT, saved, json.dumps(prompts), cwd=tmp_path
+        ).splitlines()[-1]
+    )
+    tiny_lm.compile(sampler="greedy")
+    for i, prompt in enumerate(prompts):
+        ids = [tokenizer.start_token_id] + [
+            int(t) for t in to_numpy(tokenizer(prompt)).astype(int)
+        ]
+        expected = tiny_lm.generate(prompt, max_length=len(ids) + 6)
+        assert out["text"][i] == expected, (out["text"][i], expected)
+        assert out["text"][i].startswith(prompt)
+        assert out["num_tokens"][i] == len(ids) - 1
+        log_probs = log_softmax(to_numpy(tiny_lm.score(np.array([ids]))))[0]
+        expected_ll = sum(log_probs[t - 1, ids[t]] for t in range(1, len(ids)))
+        np.testing.assert_allclose(
+            out["log_likelihood"][i], expected_ll, atol=1e-4
+        )
+
+
+def test_ids_only_exports_load_with_tensorflow_alone(
+    tiny_lm, small_tokenizer, tmp_path
+):
+    keras.utils.set_random_seed(1)
+    standard = standard_causal_lm(small_tokenizer, "tiny", sequence_length=16)
+    for name, model in (("mhf", tiny_lm), ("standard", standard)):
+        saved = export_causal_lm(
+            model, str(tmp_path / name), include_text_endpoints=False
+        )
+        check_id_endpoints(
+            model, saved, small_tokenizer.vocabulary_size(), tmp_path
+        )
+
+
+def test_overwrite_and_bad_inputs_refused_in_the_graph(tiny_lm, tmp_path):
+    import tensorflow as tf
+
+    target = tmp_path / "saved"
+    target.mkdir()
+    (target / "old_file.txt").write_text("old")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        tiny_lm.export(str(target))
+    assert (target / "old_file.txt").exists()
+    saved = tiny_lm.export(
+        str(target), overwrite=True, include_text_endpoints=False
+    )
+    assert not (target / "old_file.txt").exists()
+
+    model = tf.saved_model.load(saved)
+    vocabulary_size = tiny_lm.backbone.vocabulary_size
+    ids = np.array([[1, 5, 6, 0]], "int32")
+    mask = np.array([[1, 1, 1, 0]], "int32")
+    cases = [
+        (np.array([[1, 5, vocabulary_size, 0]]), mask, "token_ids must be <"),
+        (np.array([[1, -3, 6, 0]]), mask, "token_ids must be >= 0"),
+        (ids, np.array([[1, 2, 1, 0]]), "only 0 and 1"),
+        (ids, np.array([[0, 1, 1, 1]]), "right-padded"),
+        (ids, np.zeros((1, 4)), "at least one real token"),
+        (np.tile(ids, (2, 1)), mask, "same shape"),
+    ]
+    for bad_ids, bad_mask, message in cases:
+        for endpoint in (model.serve, model.score, model.generate):
+            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                endpoint(
+                    token_ids=tf.constant(bad_ids, tf.int32),
+                    padding_mask=tf.constant(bad_mask, tf.int32),
+                )

@@ -196,13 +196,68 @@ def test_preset_round_trip(tiny_lm, corpus, tmp_path):
     x, _, _ = tiny_lm.preprocessor(corpus[:2])
     preset = str(tmp_path / "preset")
     tiny_lm.save_to_preset(preset)
-    assert os.path.exists(os.path.join(preset, "task.weights.h5"))
+    # The cascade decoder lives in the backbone: model.weights.h5 holds the
+    # whole model and there is no separate task.weights.h5 to lose.
+    assert not tiny_lm.has_task_weights()
+    assert not os.path.exists(os.path.join(preset, "task.weights.h5"))
     for cls in (MultiHashFormerCausalLM, keras_hub.models.CausalLM):
         restored = cls.from_preset(preset)
         assert isinstance(restored, MultiHashFormerCausalLM)
         np.testing.assert_allclose(
             to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5
         )
+
+
+def test_preset_without_task_json_loads_the_whole_model(
+    tiny_lm, corpus, tmp_path
+):
+    """KerasHub rebuilds the task from the backbone and preprocessor files
+    when task.json is missing: every weight still comes from the preset."""
+    x, _, _ = tiny_lm.preprocessor(corpus[:2])
+    preset = tmp_path / "preset"
+    tiny_lm.save_to_preset(str(preset))
+    (preset / "task.json").unlink()
+    for cls in (MultiHashFormerCausalLM, keras_hub.models.CausalLM):
+        restored = cls.from_preset(str(preset))
+        np.testing.assert_allclose(
+            to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "garbage"])
+def test_damaged_preset_weights_are_refused(tiny_lm, tmp_path, damage):
+    preset = tmp_path / "preset"
+    tiny_lm.save_to_preset(str(preset))
+    weights = preset / "model.weights.h5"
+    if damage == "missing":
+        weights.unlink()
+    elif damage == "truncated":
+        data = weights.read_bytes()
+        weights.write_bytes(data[: len(data) // 2])
+    else:
+        weights.write_bytes(b"not an h5 file" * 100)
+    for cls in (MultiHashFormerCausalLM, keras_hub.models.CausalLM):
+        with pytest.raises(
+            (ValueError, FileNotFoundError), match="model.weights"
+        ):
+            cls.from_preset(str(preset))
+
+
+def test_preset_of_another_architecture_is_refused(
+    tiny_lm, small_tokenizer, tmp_path
+):
+    """Weights that do not fit the config are an error, never a partial load."""
+    preset = tmp_path / "preset"
+    tiny_lm.save_to_preset(str(preset))
+    other = MultiHashFormerCausalLM.from_tokenizer(
+        small_tokenizer, "tiny_h4b64"
+    )
+    other.save_to_preset(str(tmp_path / "other"))
+    (preset / "model.weights.h5").write_bytes(
+        (tmp_path / "other" / "model.weights.h5").read_bytes()
+    )
+    with pytest.raises(ValueError, match="model.weights.h5"):
+        MultiHashFormerCausalLM.from_preset(str(preset))
 
 
 def test_mismatched_tokenizer_is_refused(
@@ -362,3 +417,26 @@ def test_expand_vocabulary_adds_no_parameters(tiny_lm, corpus):
         np.argsort(after[..., : len(old_vocabulary)], -1)[..., -5:],
         np.argsort(before, -1)[..., -5:],
     )
+
+
+def test_misspelt_and_impossible_arguments_are_refused(
+    small_tokenizer, tiny_lm
+):
+    with pytest.raises(TypeError, match="did you mean 'num_hashes'"):
+        MultiHashFormerCausalLM.from_tokenizer(
+            small_tokenizer, "tiny_h3b64", num_hash=3
+        )
+    with pytest.raises(TypeError, match="unknown argument"):
+        MultiHashFormerCausalLM(tiny_lm.backbone, scoring_temprature=2.0)
+    with pytest.raises(ValueError, match="int32"):
+        MultiHashFormerCausalLM.from_tokenizer(
+            small_tokenizer, "tiny_h3b64", num_buckets=2**31 + 5
+        )
+    with pytest.raises(ValueError, match="must be >= 1"):
+        MultiHashFormerCausalLM.from_tokenizer(
+            small_tokenizer, "tiny_h3b64", num_layers=0
+        )
+    with pytest.raises(ValueError, match="single string"):
+        tiny_lm.expand_vocabulary(new_tokens="ΩЖ")
+    with pytest.raises(ValueError, match="not valid Unicode text"):
+        tiny_lm.expand_vocabulary(new_tokens=["\ud800"])

@@ -206,3 +206,24 @@ def test_repeated_rule_is_the_single_hash_table_in_every_head():
     np.testing.assert_array_equal(
         grown.expand(tokens[40:]).signatures, repeated.signatures
     )
+
+
+@pytest.mark.parametrize("bad", ["\ud800", "ok\udfffok"])
+def test_lone_surrogates_are_refused_not_crashed(bad):
+    """mmh3 segfaults on strings without a UTF-8 encoding: refuse them."""
+    with pytest.raises(ValueError, match="not valid Unicode text"):
+        SignatureTable.from_tokens(["<pad>", "a", bad], 2, 16, pad_token_id=0)
+    table = SignatureTable.from_tokens(["<pad>", "a"], 2, 16, pad_token_id=0)
+    with pytest.raises(ValueError, match="not valid Unicode text"):
+        table.expand([bad])
+
+
+def test_bucket_ids_must_fit_int32():
+    with pytest.raises(ValueError, match="int32"):
+        SignatureTable.from_tokens(["a", "b"], 2, 2**31 + 7)
+
+
+def test_a_bare_string_is_not_a_token_list():
+    table = SignatureTable.from_tokens(["<pad>", "a"], 2, 16, pad_token_id=0)
+    with pytest.raises(ValueError, match="list of token strings"):
+        table.expand("ΩЖ")

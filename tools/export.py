@@ -1,35 +1,55 @@
-"""Export a saved MHF or Standard model (preset directory) as a TF SavedModel
-with `serve` (next-token log-probs) and `generate` (greedy) endpoints.
+"""Export a saved MHF or Standard model (preset directory) as a TF SavedModel.
 
     python tools/export.py --preset runs/mhf/preset \\
         --output runs/mhf/saved_model
 
-Load it anywhere with TensorFlow alone:
+Endpoints (see `keras_mhf.export`): `serve`, `score` and `generate` on token
+ids, and `generate_text` / `score_text` on strings (SentencePiece in the graph;
+`--ids-only` leaves them out). Load it with TensorFlow (plus `tensorflow_text`
+for the string endpoints):
 
-    import tensorflow as tf
+    import tensorflow as tf, tensorflow_text  # noqa: F401
     model = tf.saved_model.load("runs/mhf/saved_model")
-    log_probs = model.serve(token_ids=ids, padding_mask=mask)        # [b, V]
-    out = model.generate(token_ids=ids, padding_mask=prompt_mask)    # greedy
+    model.generate_text(prompts=tf.constant(["The cell"]),
+                        max_new_tokens=tf.constant(20))["completion"]
+    model.score_text(texts=tf.constant(["The cell is small."]))["log_likelihood"]
 """
 
 import argparse
-import os
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     parser.add_argument("--preset", required=True, help="preset directory")
     parser.add_argument(
         "--output", required=True, help="SavedModel directory to write"
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing OUTPUT"
+    )
+    parser.add_argument(
+        "--ids-only",
+        action="store_true",
+        help="no string endpoints: the SavedModel loads with TensorFlow alone",
+    )
     args = parser.parse_args(argv)
     import keras_hub
 
-    from keras_mhf.export import export_causal_lm  # also registers the classes
+    # Importing keras_mhf registers its classes for from_preset.
+    from keras_mhf.export import export_causal_lm
 
     model = keras_hub.models.CausalLM.from_preset(args.preset)
-    export_causal_lm(model, args.output)
-    print(f"SavedModel written to {os.path.abspath(args.output)}")
+    path = export_causal_lm(
+        model,
+        args.output,
+        overwrite=args.overwrite,
+        include_text_endpoints=not args.ids_only,
+    )
+    print(f"SavedModel written to {path}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """KerasHub models: MultiHashFormer backbone, causal LM, preprocessor,
 tokenizer, and the Standard (Qwen3) baseline."""
 
+from keras_mhf.models.multi_hash_former_architectures import architecture_config
 from keras_mhf.models.multi_hash_former_architectures import architecture_names
 from keras_mhf.models.multi_hash_former_architectures import count_parameters
 from keras_mhf.models.multi_hash_former_architectures import parse_architecture

@@ -12,6 +12,7 @@ import json
 import os
 
 import numpy as np
+import safetensors
 from keras_hub.src.utils.transformers import convert_qwen3
 from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
@@ -103,19 +104,80 @@ def read_config(directory):
 
 
 class _CheckedLoader(SafetensorLoader):
-    """SafetensorLoader whose errors name the key and the expected shape."""
+    """SafetensorLoader that is strict about what it reads.
+
+    Errors name the file, the key and the expected shape; a corrupt or
+    truncated file is reported as such (not as a missing key); weights must be
+    floating point (the signature table `hash_map` an integer); and
+    `check_all_used` refuses tensors that the config does not account for
+    (e.g. a `config.json` with fewer layers than the file holds).
+    """
+
+    def __init__(self, preset, prefix=None, fname=None):
+        super().__init__(preset, prefix=prefix, fname=fname)
+        self.used = set()  # (file name, key) of every tensor read
+
+    def _open(self, fname):
+        if fname not in self.safetensor_files:
+            path = os.path.join(self.preset, fname)
+            if not os.path.exists(path):
+                raise ValueError(
+                    f"The checkpoint in {self.preset} lists {fname}, which "
+                    "does not exist."
+                )
+            try:
+                handle = safetensors.safe_open(path, framework="np")
+                handle = self.enter_context(handle)
+                keys = list(handle.keys())
+            except Exception as error:  # safetensors raises its own types
+                raise ValueError(
+                    f"{path} is corrupt or truncated: it cannot be read as "
+                    f"safetensors ({type(error).__name__}: {error}). "
+                    "Download or convert the checkpoint again."
+                ) from error
+            self.safetensor_files[fname] = handle
+            self._keys = getattr(self, "_keys", {})
+            self._keys[fname] = keys
+        return self.safetensor_files[fname]
+
+    def _file_names(self):
+        if self.safetensor_config is None:
+            return [self.fname or "model.safetensors"]
+        return sorted(set(self.safetensor_config["weight_map"].values()))
 
     def get_tensor(self, hf_weight_key):
-        try:
-            return super().get_tensor(hf_weight_key)
-        except Exception as error:  # safetensors raises its own error types
+        for fname in self._file_names():
+            handle = self._open(fname)
+            full_key = self.get_prefixed_key(hf_weight_key, handle)
+            if full_key in self._keys[fname]:
+                try:
+                    tensor = handle.get_tensor(full_key)
+                except Exception as error:
+                    raise ValueError(
+                        f"{os.path.join(self.preset, fname)} is corrupt or "
+                        f"truncated: tensor '{full_key}' cannot be read "
+                        f"({type(error).__name__}: {error})."
+                    ) from error
+                self.used.add((fname, full_key))
+                return tensor
+        raise ValueError(
+            f"The checkpoint in {self.preset} has no tensor "
+            f"'{hf_weight_key}' (with or without the 'model.' prefix)."
+        )
+
+    def float_tensor(self, hf_weight_key):
+        """A weight: must hold floating-point values."""
+        tensor = self.get_tensor(hf_weight_key)
+        if not np.issubdtype(tensor.dtype, np.floating):
             raise ValueError(
-                f"The checkpoint in {self.preset} has no tensor "
-                f"'{hf_weight_key}' (with or without the 'model.' prefix)."
-            ) from error
+                f"Tensor '{hf_weight_key}' has dtype {tensor.dtype}; weights "
+                "must be floating point. The checkpoint is not a "
+                "MultiHashFormer checkpoint of the authors' code."
+            )
+        return tensor
 
     def port_weight(self, keras_variable, hf_weight_key, hook_fn=None):
-        tensor = self.get_tensor(hf_weight_key)
+        tensor = self.float_tensor(hf_weight_key)
         expected = tuple(keras_variable.shape)
         try:
             converted = hook_fn(tensor, list(expected)) if hook_fn else tensor
@@ -139,6 +201,33 @@ class _CheckedLoader(SafetensorLoader):
                 f"expected {tuple(expected_shape)} from config.json."
             )
         return tensor
+
+    def check_all_used(self):
+        """Refuses tensors that were not read: the config does not describe
+        the file (e.g. it names fewer layers than the file holds)."""
+        unused = []
+        for fname in self._file_names():
+            self._open(fname)
+            unused += [
+                key
+                for key in self._keys[fname]
+                if (fname, key) not in self.used and not _ignorable(key)
+            ]
+        unused.sort()
+        if unused:
+            raise ValueError(
+                f"The checkpoint in {self.preset} holds {len(unused)} "
+                "tensor(s) that its config.json does not account for, e.g. "
+                f"{unused[:5]}. config.json and model.safetensors do not "
+                "belong together (a different number of layers or heads?)."
+            )
+
+
+def _ignorable(key):
+    """Tensors of the authors' files that carry no weight of their own:
+    `lm_head.weight` is tied to `embed_tokens.weight`, rotary caches are
+    recomputed."""
+    return key.endswith(("lm_head.weight", "rotary_emb.inv_freq"))
 
 
 class _Sink:
@@ -233,6 +322,11 @@ def load_authors_checkpoint(
     num_buckets, hidden = kwargs["num_buckets"], kwargs["hidden_dim"]
     with _CheckedLoader(directory) as loader:
         hash_map = loader.read("hash_map", (vocabulary_size, num_hashes))
+        if not np.issubdtype(hash_map.dtype, np.integer):
+            raise ValueError(
+                f"Tensor 'model.hash_map' has dtype {hash_map.dtype}; the "
+                "signature table must hold integer bucket ids."
+            )
         if hash_map.min() < 0 or hash_map.max() >= num_buckets:
             raise ValueError(
                 f"Tensor 'model.hash_map' holds bucket ids outside [0, "
@@ -262,6 +356,7 @@ def load_authors_checkpoint(
         model = task_cls(backbone, preprocessor)
         if load_weights:
             _port_weights(loader, model, num_hashes, num_buckets, hidden)
+            loader.check_all_used()
     model.check_tokenizer(force=True)
     return model
 
@@ -276,7 +371,7 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
     # `embed_tokens.weight` is [H * B, d] (or [H, B, d]): rows i*B..(i+1)*B-1
     # are E(i). Read once, split over the per-head variables.
     shape = (num_hashes * num_buckets, hidden)
-    stacked = loader.get_tensor("embed_tokens.weight")
+    stacked = loader.float_tensor("embed_tokens.weight")
     if tuple(stacked.shape) not in (shape, (num_hashes, num_buckets, hidden)):
         loader.read(
             "embed_tokens.weight", shape

@@ -96,6 +96,15 @@ def parse_architecture(name):
     return trunk, hashes
 
 
+def architecture_config(architecture, extra_layers=0, **overrides):
+    """The backbone arguments of a named architecture (trunk, plus `H`, `B`,
+    gate and mixer dims for MHF names), e.g. to fit a model-parallel layout
+    before the model exists (`MultiHashFormerBackbone.get_layout_map`)."""
+    trunk, hashes = parse_architecture(architecture)
+    trunk["num_layers"] += int(extra_layers)
+    return {**trunk, **(hashes or {}), **overrides}
+
+
 def architecture_names():
     """The named architectures listed in the README (any `h<H>b<B>` works)."""
     names = []

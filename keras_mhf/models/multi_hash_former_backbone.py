@@ -1,10 +1,16 @@
 import keras
 from keras_hub.models import Backbone
 
+from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
 from keras_mhf.layers.hash_encoder import HashEncoder
 from keras_mhf.layers.signature_lookup import SignatureLookup
+from keras_mhf.models.multi_hash_former_layout import layout_map
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
+from keras_mhf.signature_table import MAX_BUCKETS
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.utils.keras_utils import argument_names
+from keras_mhf.utils.keras_utils import check_known_kwargs
+from keras_mhf.utils.keras_utils import check_positive_ints
 
 # Marks a backbone rebuilt from its config: the table comes from the weights.
 _TABLE_FROM_WEIGHTS = "from_weights"
@@ -87,6 +93,28 @@ class MultiHashFormerBackbone(Backbone):
         dtype=None,
         **kwargs,
     ):
+        check_known_kwargs(
+            "MultiHashFormerBackbone", kwargs, argument_names(type(self))
+        )
+        check_positive_ints(
+            "MultiHashFormerBackbone",
+            vocabulary_size=vocabulary_size,
+            num_hashes=num_hashes,
+            num_buckets=num_buckets,
+            num_layers=num_layers,
+            num_query_heads=num_query_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            gate_dim=gate_dim,
+            mixer_dim=mixer_dim,
+        )
+        if num_buckets > MAX_BUCKETS:
+            raise ValueError(
+                f"MultiHashFormerBackbone: num_buckets={num_buckets} does not "
+                f"fit the int32 bucket ids; use at most {MAX_BUCKETS}."
+            )
         if signatures is None:
             raise ValueError(
                 "MultiHashFormerBackbone needs its signature table: pass "
@@ -155,6 +183,17 @@ class MultiHashFormerBackbone(Backbone):
             dtype=dtype,
             **kwargs,
         )
+        # The cascade decoder (Sec. 3.3) reads the encoder's tables and is
+        # part of the backbone's weights, so a preset's `model.weights.h5`
+        # holds the whole model and can never leave the decoder randomly
+        # initialised. It is built last (after the trunk's weights are drawn).
+        self.hash_decoder = CascadeHashDecoder(
+            self.hash_encoder,
+            mixer_dim=mixer_dim,
+            dtype=dtype,
+            name="hash_decoder",
+        )
+        self.hash_decoder.build((None, hidden_dim))
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -174,6 +213,22 @@ class MultiHashFormerBackbone(Backbone):
         self.dropout = dropout
         self.pad_token_id = pad_token_id
         self.signature_rule = signature_rule
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights`, strict: a corrupt or truncated file, or
+        one of a model with another configuration, is a clear `ValueError`
+        naming the file (never a partial load)."""
+        try:
+            return super().load_weights(filepath, *args, **kwargs)
+        except (OSError, ValueError, KeyError) as error:
+            raise ValueError(
+                f"Cannot load MultiHashFormer weights from {filepath}: the "
+                "file is corrupt or truncated, or holds the weights of a "
+                "model with another configuration "
+                f"({type(error).__name__}: {error})."
+                " Re-save the model (`save_to_preset`) or load the preset "
+                "that belongs to this config.json."
+            ) from error
 
     def embed(self, token_ids):
         """Token ids `[b, s]` -> input embeddings `[b, s, d]` (Sec. 3.1)."""
@@ -195,75 +250,49 @@ class MultiHashFormerBackbone(Backbone):
         device_mesh,
         model_parallel_dim_name="model",
         data_parallel_dim_name="batch",
+        config=None,
     ):
         """A `keras.distribution.LayoutMap` for model parallelism.
 
         Like KerasHub's Llama/Gemma layout maps: the bucket tables are
         sharded over buckets on the model axis (each head's `[B, d]` table ->
         `(model, data)`), the encoder's gate and output kernels, the
-        attention and MLP kernels and the cascade mixers (which live on
-        `MultiHashFormerCausalLM`) are split between the two axes, and the
-        int signature table, norms and biases are replicated. `B` must be
-        divisible by the model axis size.
+        attention and MLP kernels and the cascade mixers are split between
+        the two axes, and the int signature table, norms and biases are
+        replicated. Pass the backbone's `config` (`get_config()`, or the
+        config of a model not built yet) to fit the layout to the model:
+        every dimension that its mesh axis does not divide (e.g. 2 KV heads
+        on a 4-way axis) is then replicated instead of failing inside JAX.
+        The same rules serve the Standard baseline's trunk.
 
         Args:
             device_mesh: a `keras.distribution.DeviceMesh`.
             model_parallel_dim_name: the mesh axis that shards weights.
             data_parallel_dim_name: the mesh axis that shards the batch.
+            config: optional backbone config to fit the layout to.
 
         Example:
 
         ```python
-        mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"),
-                                             keras.distribution.list_devices())
-        layout_map = MultiHashFormerBackbone.get_layout_map(mesh)
-        keras.distribution.set_distribution(keras.distribution.ModelParallel(
-            layout_map=layout_map, batch_dim_name="batch"))
+        mesh = keras.distribution.DeviceMesh(
+            (2, 4), ("batch", "model"), keras.distribution.list_devices()
+        )
+        layout_map = MultiHashFormerBackbone.get_layout_map(
+            mesh, config=backbone_config
+        )
+        keras.distribution.set_distribution(
+            keras.distribution.ModelParallel(
+                layout_map=layout_map, batch_dim_name="batch"
+            )
+        )
         ```
         """
-        for name in (model_parallel_dim_name, data_parallel_dim_name):
-            if name not in device_mesh.axis_names:
-                raise ValueError(
-                    f"{name!r} is not an axis of the device mesh "
-                    f"{device_mesh.axis_names}."
-                )
-        model, data = model_parallel_dim_name, data_parallel_dim_name
-        layout_map = keras.distribution.LayoutMap(device_mesh)
-        # Sec. 3.1 / 3.3: the tied bucket tables, sharded over buckets.
-        layout_map[".*hash_encoder/embeddings_\\d+"] = (model, data)
-        layout_map[".*hash_encoder/gate_dense/kernel"] = (data, model)
-        layout_map[".*hash_encoder/score_dense/kernel"] = (model, None)
-        layout_map[".*hash_encoder/output_dense/kernel"] = (data, model)
-        layout_map[".*mixer_\\d+_down_dense/kernel"] = (data, model)
-        layout_map[".*mixer_\\d+_up_dense/kernel"] = (model, data)
-        # Sec. 3.2: the Qwen3 blocks, as KerasHub shards Llama's.
-        layout_map[
-            ".*transformer_layer.*self_attention.*(query|key|value).kernel"
-        ] = (
-            model,
-            data,
-            None,
+        return layout_map(
+            device_mesh,
+            model_parallel_dim_name,
+            data_parallel_dim_name,
+            config=config,
         )
-        layout_map[".*transformer_layer.*attention_output.kernel"] = (
-            model,
-            None,
-            data,
-        )
-        layout_map[
-            ".*transformer_layer.*feedforward_intermediate_dense.kernel"
-        ] = (
-            data,
-            model,
-        )
-        layout_map[".*transformer_layer.*feedforward_gate_dense.kernel"] = (
-            data,
-            model,
-        )
-        layout_map[".*transformer_layer.*feedforward_output_dense.kernel"] = (
-            model,
-            data,
-        )
-        return layout_map
 
     @classmethod
     def from_config(cls, config):

@@ -1,9 +1,9 @@
 import keras
+import keras_hub
 from keras import ops
 from keras_hub.models import CausalLM
 from keras_hub.models import Qwen3CausalLM
 
-from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models import authors_checkpoint
 from keras_mhf.models import multi_hash_former_vocabulary as vocabulary
@@ -11,6 +11,9 @@ from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
+from keras_mhf.utils.keras_utils import TASK_KWARGS
+from keras_mhf.utils.keras_utils import argument_names
+from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.token_ids import check_feature_ids
 from keras_mhf.utils.token_ids import check_token_ids
 from keras_mhf.utils.token_ids import checked_dataset
@@ -58,15 +61,16 @@ class MultiHashFormerCausalLM(CausalLM):
     preprocessor_cls = MultiHashFormerCausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        check_known_kwargs(
+            "MultiHashFormerCausalLM",
+            kwargs,
+            argument_names(type(self)),
+            allowed=TASK_KWARGS,
+        )
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
-        self.hash_decoder = CascadeHashDecoder(
-            backbone.hash_encoder,
-            mixer_dim=backbone.mixer_dim,
-            dtype=backbone.dtype_policy,
-            name="hash_decoder",
-        )
+        self.hash_decoder = backbone.hash_decoder
 
         # === Functional Model ===
         inputs = backbone.input
@@ -189,6 +193,31 @@ class MultiHashFormerCausalLM(CausalLM):
             sampler=sampler,
             **kwargs,
         )
+
+    def get_compile_config(self):
+        """Keras' compile config plus the sampler, so `.keras` loading
+        restores the compile state (and the optimizer's variables) instead
+        of warning and recompiling with defaults."""
+        # Not `super()`: StandardCausalLM shares this method.
+        config = keras.Model.get_compile_config(self)
+        if config and getattr(self, "sampler", None) is not None:
+            config["sampler"] = keras_hub.samplers.serialize(self.sampler)
+        if config and getattr(self, "optimizer", None) is not None:
+            # Build the restored optimizer only if this one was built, so its
+            # saved variables (none, or all of them) load without a warning.
+            config["optimizer_built"] = bool(self.optimizer.built)
+        return config
+
+    def compile_from_config(self, config):
+        """Recompiles from `get_compile_config` (used by `.keras` loading)."""
+        config = dict(config)
+        sampler = config.pop("sampler", "top_k")
+        optimizer_built = config.pop("optimizer_built", True)
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(sampler=keras_hub.samplers.get(sampler), **config)
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and optimizer_built and self.built:
+            optimizer.build(self.trainable_variables)
 
     def _target_signatures(self, y):
         """Token targets `[b, s]` -> their signatures `[b, s, H]`.
@@ -377,18 +406,33 @@ class MultiHashFormerCausalLM(CausalLM):
         targets = ops.cast(target_ids, "int32")[..., None]
         return -ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
 
-    def export(self, filepath, format="tf_saved_model", verbose=None, **kwargs):
-        """Exports a TF SavedModel with `serve` (next-token log-probs `[b, V]`
-        after the last real position) and `generate` (greedy) endpoints on
-        token ids; works from the TensorFlow, JAX and PyTorch backends. See
+    def export(
+        self,
+        filepath,
+        format="tf_saved_model",
+        verbose=None,
+        overwrite=False,
+        include_text_endpoints=None,
+        **kwargs,
+    ):
+        """Exports a TF SavedModel with `serve`, `score` and `generate`
+        endpoints on token ids and, with a tokenizer, `generate_text` and
+        `score_text` on strings; works from every backend. See
         `keras_mhf.export`. Other formats go to `keras.Model.export`."""
         if format != "tf_saved_model" or kwargs:
-            return super().export(
-                filepath, format=format, verbose=verbose, **kwargs
+            # Not `super()`: StandardCausalLM shares this method.
+            return keras.Model.export(
+                self, filepath, format=format, verbose=verbose, **kwargs
             )
         from keras_mhf.export import export_causal_lm
 
-        return export_causal_lm(self, filepath, verbose=bool(verbose))
+        return export_causal_lm(
+            self,
+            filepath,
+            overwrite=overwrite,
+            include_text_endpoints=include_text_endpoints,
+            verbose=bool(verbose),
+        )
 
     # --- Vocabulary ---------------------------------------------------------
 

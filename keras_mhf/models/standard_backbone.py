@@ -3,6 +3,8 @@ from keras.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
+from keras_mhf.utils.keras_utils import argument_names
+from keras_mhf.utils.keras_utils import check_known_kwargs
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -62,6 +64,9 @@ class StandardBackbone(Backbone):
         dtype=None,
         **kwargs,
     ):
+        check_known_kwargs(
+            "StandardBackbone", kwargs, argument_names(type(self))
+        )
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,

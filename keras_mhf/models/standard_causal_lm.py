@@ -4,6 +4,7 @@ import keras
 from keras_hub.models import Qwen3CausalLM
 
 from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
@@ -45,6 +46,18 @@ class StandardCausalLM(Qwen3CausalLM):
                 from_logits=True, reduction="mean_with_sample_weight"
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
+
+    def token_log_probs(self, hidden_states):
+        """Final hidden states `[..., d]` -> token log-probs `[..., V]`
+        (float32), as `MultiHashFormerCausalLM.token_log_probs`."""
+        logits = self.backbone.token_embedding(hidden_states, reverse=True)
+        return keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
+
+    # The same SavedModel endpoints and compile-state saving as
+    # MultiHashFormerCausalLM.
+    export = MultiHashFormerCausalLM.export
+    get_compile_config = MultiHashFormerCausalLM.get_compile_config
+    compile_from_config = MultiHashFormerCausalLM.compile_from_config
 
 
 def standard_backbone(

@@ -66,3 +66,53 @@ def copy_weights_by_path(source, target, skip=()):
                 f"{tuple(variable.shape)}: the source model's is {found}."
             )
         variable.assign(origin)
+
+
+# Keyword arguments that `keras.Model` (functional) takes besides ours.
+MODEL_KWARGS = ("name", "trainable")
+# ... and what a KerasHub `Task` takes besides them.
+TASK_KWARGS = MODEL_KWARGS + ("compile", "dtype")
+
+
+def argument_names(cls):
+    """The named parameters of `cls.__init__`."""
+    import inspect
+
+    parameters = inspect.signature(cls.__init__).parameters
+    return [
+        name
+        for name, p in parameters.items()
+        if name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+
+
+def check_known_kwargs(owner, kwargs, known, allowed=MODEL_KWARGS):
+    """Refuses keyword arguments that `owner` does not take (Keras'
+    functional `Model` would silently ignore them), suggesting the closest
+    known name (e.g. `num_hash` -> `num_hashes`)."""
+    import difflib
+
+    unknown = sorted(set(kwargs) - set(allowed))
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        hints.append(
+            f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+        )
+    raise TypeError(
+        f"{owner} got unknown argument(s): {', '.join(hints)}. "
+        f"Known arguments: {', '.join(sorted(known))}."
+    )
+
+
+def check_positive_ints(owner, **values):
+    """Raises a clear `ValueError` unless every value is an int >= 1."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(
+                f"{owner}: `{name}` must be an int; got {value!r}."
+            )
+        if value < 1:
+            raise ValueError(f"{owner}: `{name}` must be >= 1; got {value}.")

@@ -1,0 +1,116 @@
+"""Compiled next-token scoring for evaluation (used by `keras_mhf.evaluation`
+and the lm-eval adapter).
+
+`model.score()` runs eagerly and returns `[b, s, V]` scores that evaluation
+then moves to the host; on JAX every new padded length also meant a new
+trace. `NextTokenScorer` instead compiles, once per input shape, a function
+that returns only what evaluation needs per position (the next token's
+log-probability, whether it is the argmax, the top log-probability), and pads
+batches to a fixed number of rows and lengths to a multiple of
+`length_multiple`, so a whole evaluation compiles a handful of shapes. Padding
+never changes a number: positions are causal, pad rows are separate.
+"""
+
+import weakref
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mhf.utils.token_ids import check_token_ids
+
+
+class _NextTokenHead(keras.layers.Layer):
+    """Final hidden states and token ids -> per-position statistics of the
+    next token: `(log_prob [b, s-1], is_argmax [b, s-1], max_log_prob
+    [b, s-1])`, all float32."""
+
+    def __init__(self, causal_lm, **kwargs):
+        super().__init__(**kwargs)
+        self.causal_lm = causal_lm
+
+    def call(self, hidden_states, token_ids):
+        log_probs = self.causal_lm.token_log_probs(hidden_states[:, :-1])
+        targets = ops.cast(token_ids[:, 1:], "int32")
+        picked = ops.take_along_axis(log_probs, targets[..., None], axis=-1)
+        best = ops.max(log_probs, axis=-1)
+        is_argmax = ops.argmax(log_probs, axis=-1) == targets
+        return picked[..., 0], ops.cast(is_argmax, "float32"), best
+
+    def compute_output_spec(self, hidden_states, token_ids):
+        batch, length = token_ids.shape[0], token_ids.shape[1]
+        length = None if length is None else length - 1
+        return tuple(
+            keras.KerasTensor((batch, length), dtype="float32")
+            for _ in range(3)
+        )
+
+
+class NextTokenScorer:
+    """Compiled per-position scores of a `MultiHashFormerCausalLM` or
+    `StandardCausalLM` (anything with `backbone` and `token_log_probs`).
+
+    Args:
+        causal_lm: the model.
+        batch_size: rows per compiled call (shorter batches are padded).
+        length_multiple: lengths are padded up to a multiple of this.
+
+    Example:
+
+    ```python
+    scorer = NextTokenScorer.for_model(lm)
+    log_probs, is_argmax, max_log_probs = scorer(token_ids, padding_mask)
+    ```
+    """
+
+    _cache = weakref.WeakKeyDictionary()
+
+    def __init__(self, causal_lm, batch_size=8, length_multiple=64):
+        self.causal_lm = causal_lm
+        self.batch_size = int(batch_size)
+        self.length_multiple = int(length_multiple)
+        token_ids = keras.Input((None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input((None,), dtype="int32", name="padding_mask")
+        hidden = causal_lm.backbone(
+            {"token_ids": token_ids, "padding_mask": padding_mask}
+        )
+        outputs = _NextTokenHead(causal_lm)(hidden, token_ids)
+        self.model = keras.Model([token_ids, padding_mask], outputs)
+
+    @classmethod
+    def for_model(cls, causal_lm, batch_size=8):
+        """The scorer of `causal_lm` (built once per model and batch size)."""
+        scorers = cls._cache.setdefault(causal_lm, {})
+        if batch_size not in scorers:
+            scorers[batch_size] = cls(causal_lm, batch_size=batch_size)
+        return scorers[batch_size]
+
+    def __call__(self, token_ids, padding_mask=None):
+        """Scores `[n, s]` ids: `(log_probs, is_argmax, max_log_probs)`, each
+        `[n, s-1]` numpy (float32, bool, float32), where `log_probs[i, t] =
+        log p(token_ids[i, t+1] | token_ids[i, :t+1])` over the whole
+        vocabulary."""
+        token_ids = np.asarray(token_ids, "int32")
+        if padding_mask is None:
+            padding_mask = np.ones_like(token_ids)
+        padding_mask = np.asarray(padding_mask, "int32")
+        check_tokenizer = getattr(self.causal_lm, "check_tokenizer", None)
+        if check_tokenizer is not None:
+            check_tokenizer()
+        check_token_ids(token_ids, self.causal_lm.backbone.vocabulary_size)
+        count, length = token_ids.shape
+        padded = -(-length // self.length_multiple) * self.length_multiple
+        outputs = [[], [], []]
+        for start in range(0, count, self.batch_size):
+            ids = np.zeros((self.batch_size, padded), "int32")
+            mask = np.zeros((self.batch_size, padded), "int32")
+            rows = min(self.batch_size, count - start)
+            ids[:rows, :length] = token_ids[start : start + rows]
+            mask[:rows, :length] = padding_mask[start : start + rows]
+            mask[rows:, 0] = 1  # pad rows: one real token, never read
+            result = self.model.predict_on_batch([ids, mask])
+            for output, values in zip(outputs, result):
+                values = np.asarray(ops.convert_to_numpy(values))
+                output.append(values[:rows, : length - 1])
+        log_probs, is_argmax, best = (np.concatenate(o) for o in outputs)
+        return log_probs, is_argmax > 0.5, best
