@@ -440,3 +440,34 @@ def test_misspelt_and_impossible_arguments_are_refused(
         tiny_lm.expand_vocabulary(new_tokens="ΩЖ")
     with pytest.raises(ValueError, match="not valid Unicode text"):
         tiny_lm.expand_vocabulary(new_tokens=["\ud800"])
+
+
+@pytest.mark.parametrize("bad_batch", [0, 2])
+def test_a_failing_dataset_leaves_a_usable_model(tiny_lm, bad_batch):
+    """A streamed batch with an out-of-range id stops `fit` with a clear
+    error (for the first batch too, which Keras would otherwise report as
+    "ran out of data"), and the model stays usable."""
+    import tensorflow as tf
+
+    tiny_lm.compile(optimizer=keras.optimizers.SGD(0.1))
+    tiny_lm.preprocessor = None
+    ids = np.full((8, 9), 5, "int32")
+    ids[2 * bad_batch, 3] = 10_000  # batch `bad_batch` of size 2
+    dataset = tf.data.Dataset.from_tensor_slices(
+        (
+            {
+                "token_ids": ids[:, :-1],
+                "padding_mask": np.ones((8, 8), "int32"),
+            },
+            ids[:, 1:],
+        )
+    ).batch(2)
+    with pytest.raises(Exception, match="vocabulary_size"):
+        tiny_lm.fit(dataset, epochs=1, verbose=0)
+    values = [to_numpy(w) for w in tiny_lm.weights]
+    assert all(v is not None and np.all(np.isfinite(v)) for v in values)
+    assert np.all(np.isfinite(to_numpy(tiny_lm.score(np.array([[1, 5, 6]])))))
+    ids[ids >= 10_000] = 5
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((8, 8), "int32")}
+    history = tiny_lm.fit(x, ids[:, 1:], batch_size=2, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])

@@ -260,7 +260,8 @@ class MultiHashFormerCausalLM(CausalLM):
     def fit(self, x=None, y=None, *args, **kwargs):
         """`keras.Model.fit`, after checking the tokenizer and, for token-id
         data, that every id is in the vocabulary (before any state
-        changes; streamed datasets are checked batch by batch)."""
+        changes; streamed datasets are checked batch by batch, the first
+        one before training starts)."""
         self.check_tokenizer()
         if self.preprocessor is None:
             check_feature_ids(x, y, self.backbone.vocabulary_size)

@@ -65,30 +65,36 @@ def check_feature_ids(x, y, vocabulary_size):
                 check_token_ids(array, vocabulary_size, what)
 
 
+def _check_batch(batch, vocabulary_size):
+    """Checks one `(x, y, ...)` or `x` batch; returns it unchanged."""
+    if isinstance(batch, tuple):
+        check_feature_ids(
+            batch[0], batch[1] if len(batch) > 1 else None, vocabulary_size
+        )
+    else:
+        check_feature_ids(batch, None, vocabulary_size)
+    return batch
+
+
 def checked_dataset(dataset, vocabulary_size):
     """Wraps a `tf.data.Dataset` or a Grain dataset of `(x, y, ...)` token-id
     batches so every batch is validated as it is read (the error names the
-    out-of-range ids); other objects are returned unchanged."""
-    try:
-        import grain
-    except ImportError:  # grain is optional
-        grain = None
-    if grain is not None and isinstance(
-        dataset, (grain.MapDataset, grain.IterDataset)
-    ):
+    out-of-range ids); other objects are returned unchanged.
 
-        def check(batch):
-            x, y = (
-                (batch[0], batch[1])
-                if isinstance(batch, tuple)
-                else (batch, None)
-            )
-            check_feature_ids(x, y, vocabulary_size)
-            return batch
+    The first batch is also checked here, on the host: Keras reads it to
+    build the model and reports an error while doing so as "ran out of
+    data", which would hide the message.
+    """
+    import grain
 
-        return dataset.map(check)
-    module = type(dataset).__module__
-    if module.startswith("tensorflow"):
+    if isinstance(dataset, (grain.MapDataset, grain.IterDataset)):
+        for first in dataset:
+            _check_batch(first, vocabulary_size)
+            break
+        return dataset.map(lambda batch: _check_batch(batch, vocabulary_size))
+    if type(dataset).__module__.startswith("tensorflow"):
+        for first in dataset.take(1):
+            _check_batch(first, vocabulary_size)
         return _checked_tf_dataset(dataset, vocabulary_size)
     return dataset
 
