@@ -46,6 +46,12 @@ class _NextTokenHead(keras.layers.Layer):
         )
 
 
+def forget_scorers(causal_lm):
+    """Drops the compiled scorers of a model (they captured its settings,
+    e.g. the scoring temperature)."""
+    NextTokenScorer._cache.pop(causal_lm, None)
+
+
 class NextTokenScorer:
     """Compiled per-position scores of a `MultiHashFormerCausalLM` or
     `StandardCausalLM` (anything with `backbone` and `token_log_probs`).

@@ -4,6 +4,7 @@ from keras import ops
 from keras_hub.models import CausalLM
 from keras_hub.models import Qwen3CausalLM
 
+from keras_mhf import calibration
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models import authors_checkpoint
 from keras_mhf.models import multi_hash_former_vocabulary as vocabulary
@@ -11,9 +12,11 @@ from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
+from keras_mhf.next_token_scorer import forget_scorers
 from keras_mhf.utils.keras_utils import TASK_KWARGS
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
+from keras_mhf.utils.keras_utils import check_temperature
 from keras_mhf.utils.token_ids import check_feature_ids
 from keras_mhf.utils.token_ids import check_token_ids
 from keras_mhf.utils.token_ids import checked_dataset
@@ -60,7 +63,9 @@ class MultiHashFormerCausalLM(CausalLM):
     backbone_cls = MultiHashFormerBackbone
     preprocessor_cls = MultiHashFormerCausalLMPreprocessor
 
-    def __init__(self, backbone, preprocessor=None, **kwargs):
+    def __init__(
+        self, backbone, preprocessor=None, scoring_temperature=1.0, **kwargs
+    ):
         check_known_kwargs(
             "MultiHashFormerCausalLM",
             kwargs,
@@ -79,6 +84,24 @@ class MultiHashFormerCausalLM(CausalLM):
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
         # sha256 of the last tokenizer found to match the signature table.
         self._verified_tokenizer = None
+
+        # === Config ===
+        self.scoring_temperature = scoring_temperature
+
+    @property
+    def scoring_temperature(self):
+        """`tau` of `log P(w) = log_softmax_V(s(w) / tau)`, `s(w) = sum_i
+        log p_i(h_i(w))`. 1.0 is the paper's inference rule (Sec. 3.4);
+        `calibrate` fits it on held-out text. Setting it takes effect in
+        `score`, `generate` (every sampler), evaluation and export."""
+        return self._scoring_temperature
+
+    @scoring_temperature.setter
+    def scoring_temperature(self, value):
+        self._scoring_temperature = check_temperature(value)
+        # Compiled functions captured the old value.
+        self.generate_function = None
+        forget_scorers(self)
 
     # --- Construction -------------------------------------------------------
 
@@ -274,12 +297,21 @@ class MultiHashFormerCausalLM(CausalLM):
         """Final hidden states `[..., d]` -> bucket logits `[..., H, B]`."""
         return self.hash_decoder(hidden_states)
 
+    def token_scores(self, hidden_states):
+        """Final hidden states `[..., d]` -> the raw token scores `s(w) =
+        sum_i log p_i(h_i(w))` `[..., V]` (float32, not normalised over the
+        vocabulary; paper Sec. 3.4)."""
+        return self.backbone.signature_lookup.token_log_probs(
+            self.bucket_logits(hidden_states), normalize=False
+        )
+
     def token_log_probs(self, hidden_states):
         """Final hidden states `[..., d]` -> token log-probs `[..., V]`
-        (fp32)."""
-        return self.backbone.signature_lookup.token_log_probs(
-            self.bucket_logits(hidden_states)
-        )
+        (float32): `log_softmax_V(s(w) / scoring_temperature)`."""
+        scores = self.token_scores(hidden_states)
+        if self.scoring_temperature != 1.0:  # 1.0: exactly the paper's rule
+            scores = scores / self.scoring_temperature
+        return ops.log_softmax(scores, axis=-1)
 
     def _trunk_with_cache(self, token_ids, cache, cache_update_index):
         x = self.backbone.embed(token_ids)
@@ -434,6 +466,50 @@ class MultiHashFormerCausalLM(CausalLM):
             include_text_endpoints=include_text_endpoints,
             verbose=bool(verbose),
         )
+
+    def calibrate(
+        self, data, batch_size=8, sequence_length=None, max_tokens=4096
+    ):
+        """Fits `scoring_temperature` on held-out text and sets it.
+
+        The fit is exact (Newton's method on the convex held-out NLL as a
+        function of `1 / tau`) and needs one forward pass per block: the raw
+        scores `s(w)` are cached (`max_tokens x V` floats). Greedy output
+        never changes (a positive scale keeps the argmax); sampled and
+        scored probabilities become calibrated. See `keras_mhf.calibration`.
+
+        Args:
+            data: held-out data: a prepared data directory (its validation
+                split), a `.txt`/`.jsonl` file or directory, a list of
+                documents, or an int array of token blocks `[n, L+1]`.
+            batch_size: blocks per forward pass.
+            sequence_length: block length for text (default: the
+                preprocessor's, at most 512).
+            max_tokens: predicted positions used (at least 100).
+
+        Returns:
+            A report: `temperature`, `previous_temperature`, `tokens`, and
+            `paper_rule` / `before` / `after` metrics (`perplexity`, `loss`,
+            `accuracy`, `ece`: expected calibration error of the top-1
+            prediction, `mean_confidence`).
+
+        Example:
+
+        ```python
+        report = lm.calibrate(held_out_documents)
+        report["temperature"], report["after"]["perplexity"]
+        ```
+        """
+        report = calibration.calibrate(
+            self, data, batch_size, sequence_length, max_tokens
+        )
+        self.scoring_temperature = report["temperature"]
+        return report
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"scoring_temperature": self.scoring_temperature})
+        return config
 
     # --- Vocabulary ---------------------------------------------------------
 

@@ -116,3 +116,19 @@ def check_positive_ints(owner, **values):
             )
         if value < 1:
             raise ValueError(f"{owner}: `{name}` must be >= 1; got {value}.")
+
+
+def check_temperature(value):
+    """A scoring temperature: a finite float > 0 (else a clear error)."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"scoring_temperature must be a number; got {value!r}."
+        ) from None
+    if not np.isfinite(value) or value <= 0:
+        raise ValueError(
+            f"scoring_temperature must be finite and > 0; got {value}. 1.0 is "
+            "the paper's rule; `calibrate` fits a value on held-out text."
+        )
+    return value
