@@ -7,9 +7,12 @@ scores (`MultiHashFormerCausalLM` or the Standard `Qwen3CausalLM`) and its
 tokenizer.
 """
 
+import contextlib
+
 import numpy as np
 from keras import ops
 
+from keras_mhf.calibration import expected_calibration_error
 from keras_mhf.next_token_scorer import NextTokenScorer
 
 
@@ -18,17 +21,23 @@ def _log_softmax(x):
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
-def next_token_scores(model, token_ids, padding_mask=None, batch_size=8):
+def next_token_scores(
+    model, token_ids, padding_mask=None, batch_size=8, confidence=False
+):
     """Scores every next token of a batch: `(log_probs, is_argmax)`, both
     `[n, s-1]`, where `log_probs[i, t] = log p(token_ids[i, t+1] |
     token_ids[i, :t+1])` normalised over the whole vocabulary (float32) and
-    `is_argmax[i, t]` tells whether that token is the model's top choice.
+    `is_argmax[i, t]` tells whether that token is the model's top choice;
+    with `confidence=True` also the top-1 probability `[n, s-1]`.
 
     The one place where evaluation scores a model: a `NextTokenScorer`,
-    compiled once per padded shape.
+    compiled once per padded shape. MHF models score with their
+    `scoring_temperature`.
     """
     scorer = NextTokenScorer.for_model(model, batch_size=batch_size)
-    log_probs, is_argmax, _ = scorer(token_ids, padding_mask)
+    log_probs, is_argmax, best = scorer(token_ids, padding_mask)
+    if confidence:
+        return log_probs, is_argmax, np.exp(best.astype("float64"))
     return log_probs, is_argmax
 
 
@@ -59,12 +68,41 @@ def token_log_likelihoods(model, token_ids, padding_mask=None, batch_size=8):
 
 
 def block_scores(model, blocks, batch_size=8):
-    """Per-token NLL and top-1 hits of packed `[n, L+1]` blocks:
-    `(nll [n, L] float64, correct [n, L] bool)`."""
-    log_probs, is_argmax = next_token_scores(
-        model, np.asarray(blocks, "int32"), batch_size=batch_size
+    """Per-token NLL, top-1 hits and top-1 confidence of packed `[n, L+1]`
+    blocks: `(nll [n, L] float64, correct [n, L] bool, confidence [n, L])`."""
+    log_probs, is_argmax, confidence = next_token_scores(
+        model,
+        np.asarray(blocks, "int32"),
+        batch_size=batch_size,
+        confidence=True,
     )
-    return -log_probs.astype("float64"), is_argmax
+    return -log_probs.astype("float64"), is_argmax, confidence
+
+
+def _metrics(nll, correct, confidence):
+    loss = float(nll.mean())
+    return {
+        "perplexity": float(np.exp(loss)),
+        "loss": loss,
+        "accuracy": float(correct.mean()),
+        "ece": expected_calibration_error(confidence.ravel(), correct.ravel()),
+        "tokens": int(nll.size),
+    }
+
+
+@contextlib.contextmanager
+def paper_rule(model):
+    """Scores a MultiHashFormer with the paper's rule (`scoring_temperature`
+    1.0) inside the block; other models are unchanged."""
+    temperature = getattr(model, "scoring_temperature", None)
+    if temperature is None or temperature == 1.0:
+        yield
+        return
+    model.scoring_temperature = 1.0
+    try:
+        yield
+    finally:
+        model.scoring_temperature = temperature
 
 
 def perplexity(model, blocks, batch_size=8):
@@ -72,16 +110,27 @@ def perplexity(model, blocks, batch_size=8):
 
     Returns:
         dict with `perplexity`, `loss` (mean NLL per predicted token, nats),
-        `accuracy` (next-token top-1) and `tokens`.
+        `accuracy` (next-token top-1), `ece` (expected calibration error of
+        the top-1 prediction) and `tokens`, under the model's scoring rule.
+        For a MultiHashFormer whose `scoring_temperature` is not 1.0, also
+        `scoring_temperature` and `paper_rule`: the same metrics under the
+        paper's rule.
     """
-    nll, correct = block_scores(model, blocks, batch_size)
-    loss = float(nll.mean())
-    return {
-        "perplexity": float(np.exp(loss)),
-        "loss": loss,
-        "accuracy": float(correct.mean()),
-        "tokens": int(nll.size),
-    }
+    return _perplexity(model, blocks, batch_size)[0]
+
+
+def _perplexity(model, blocks, batch_size):
+    """`(perplexity metrics, per-token nll, per-token hits)`."""
+    nll, correct, confidence = block_scores(model, blocks, batch_size)
+    metrics = _metrics(nll, correct, confidence)
+    temperature = getattr(model, "scoring_temperature", None)
+    if temperature is not None and temperature != 1.0:
+        with paper_rule(model):
+            metrics["paper_rule"] = _metrics(
+                *block_scores(model, blocks, batch_size)
+            )
+        metrics["scoring_temperature"] = temperature
+    return metrics, nll, correct
 
 
 # --- Task data --------------------------------------------------------------
@@ -479,13 +528,7 @@ def evaluate_preset(
             tokenizer.start_token_id,
             sequence_length,
         )[:max_blocks]
-        nll, correct = block_scores(model, blocks, batch_size)
-        metrics = {
-            "perplexity": float(np.exp(nll.mean())),
-            "loss": float(nll.mean()),
-            "accuracy": float(correct.mean()),
-            "tokens": int(nll.size),
-        }
+        metrics, nll, correct = _perplexity(model, blocks, batch_size)
         examples = [
             {
                 "block": i,

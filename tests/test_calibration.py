@@ -171,3 +171,18 @@ def test_bad_calibration_data_is_refused(tiny_lm, tmp_path, mistral_model_path):
     with pytest.raises(ValueError, match="tokenizer has 32768 tokens"):
         tiny_lm.calibrate(["The cell is the basic unit of life."] * 50)
     assert not os.path.exists(tmp_path / "missing.txt")
+
+
+def test_perplexity_reports_the_paper_rule_and_the_calibrated_one(tiny_lm):
+    from keras_mhf import evaluation
+
+    blocks = np.random.default_rng(0).integers(3, 120, size=(4, 17))
+    plain = evaluation.perplexity(tiny_lm, blocks)
+    assert "paper_rule" not in plain and 0.0 <= plain["ece"] <= 1.0
+    tiny_lm.scoring_temperature = 2.0
+    both = evaluation.perplexity(tiny_lm, blocks)
+    assert both["scoring_temperature"] == 2.0
+    assert tiny_lm.scoring_temperature == 2.0  # restored after the paper pass
+    np.testing.assert_allclose(both["paper_rule"]["loss"], plain["loss"], 1e-6)
+    assert both["accuracy"] == plain["accuracy"]
+    assert both["loss"] != plain["loss"]
