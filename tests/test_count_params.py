@@ -41,7 +41,9 @@ def test_counts_equal_built_models(small_tokenizer):
     trainable = count_trainable_parameters(mhf)
     counted = count_parameters("tiny_h3b64", small_tokenizer.vocabulary_size())
     assert trainable == counted["total"]
-    assert mhf.count_params() - trainable == counted["signature_table_entries"]
+    assert mhf.count_params() - trainable == (
+        counted["signature_table_entries"] + counted["decoding_index_entries"]
+    )
     std = standard_causal_lm(small_tokenizer, "tiny", extra_layers=2)
     assert (
         std.count_params()

@@ -161,22 +161,34 @@ def test_greedy_generation_matches_uncached_argmax(tiny_lm):
 
 
 def test_generate_stops_at_end_token(tiny_lm):
-    tokenizer = tiny_lm.preprocessor.tokenizer
-    end = tokenizer.end_token_id
-    vocabulary_size = tiny_lm.backbone.vocabulary_size
+    """KerasHub's loop (top-p) and the exact greedy / top-k loop both stop
+    at the end token."""
+    from keras_mhf.models import multi_hash_former_decoding
 
-    def wrapper(*args, **kwargs):
+    end = tiny_lm.preprocessor.tokenizer.end_token_id
+    assert tiny_lm.backbone.vocabulary_size > end
+
+    def forced_log_probs(*args, **kwargs):
         log_probs, hidden, cache = call_with_cache(*args, **kwargs)
         forced = np.full(log_probs.shape, -1e9, "float32")
         forced[..., end] = 0.0
         return ops.convert_to_tensor(forced), hidden, cache
 
+    def forced_token(causal_lm, hidden_states, sampler, k):
+        batch = ops.shape(hidden_states)[0]
+        return ops.full((batch,), end, "int32"), ops.convert_to_tensor(0)
+
     call_with_cache = tiny_lm.call_with_cache
-    tiny_lm.compile(sampler="greedy")
-    with mock.patch.object(tiny_lm, "call_with_cache", wraps=wrapper):
+    tiny_lm.compile(sampler="top_p")
+    with mock.patch.object(tiny_lm, "call_with_cache", wraps=forced_log_probs):
         out = tiny_lm.generate(["The cell"], max_length=12)
-    assert vocabulary_size > end
-    # The first new token is the end token, so nothing is added to the prompt.
+    # The first new token is the end token, so nothing is added.
+    assert out[0] == "The cell"
+    tiny_lm.compile(sampler="greedy")
+    with mock.patch.object(
+        multi_hash_former_decoding, "next_token", forced_token
+    ):
+        out = tiny_lm.generate(["The cell"], max_length=12)
     assert out[0] == "The cell"
 
 
@@ -395,8 +407,9 @@ def test_expand_vocabulary_adds_no_parameters(tiny_lm, corpus):
     )
     assert grown.backbone.vocabulary_size == len(old_vocabulary) + 3
     assert (
-        grown.count_params() - tiny_lm.count_params() == 3 * 3
-    )  # int table rows only
+        # Int table rows and their inverted-index entries only.
+        grown.count_params() - tiny_lm.count_params() == 3 * 3 + 3 * 3
+    )
     assert count_trainable_parameters(grown) == count_trainable_parameters(
         tiny_lm
     )

@@ -105,20 +105,77 @@ class SignatureLookup(keras.layers.Layer):
             initializer=initializer,
             trainable=False,
         )
-        self._initial_signatures = None
+        # The inverted index (bucket -> tokens) of every head, in CSR form:
+        # `bucket_tokens_i` lists the token ids sorted by their head-i
+        # bucket and `bucket_starts_i[b]` is where bucket b starts. Derived
+        # from the table: not saved, rebuilt whenever the table changes.
+        self.bucket_tokens = []
+        self.bucket_starts = []
+        for i in range(self.num_hashes):
+            self.bucket_tokens.append(
+                self.add_weight(
+                    name=f"bucket_tokens_{i}",
+                    shape=(self.vocabulary_size,),
+                    dtype="int32",
+                    initializer="zeros",
+                    trainable=False,
+                )
+            )
+            self.bucket_starts.append(
+                self.add_weight(
+                    name=f"bucket_starts_{i}",
+                    shape=(self.num_buckets + 1,),
+                    dtype="int32",
+                    initializer="zeros",
+                    trainable=False,
+                )
+            )
         self.built = True
+        self._rebuild_index(initial)
+        self._initial_signatures = None
+
+    def _rebuild_index(self, table=None):
+        """Recomputes the inverted index from the table (numpy)."""
+        if table is None:
+            table = self.get_signatures()
+        loads = []
+        for i in range(self.num_hashes):
+            order = np.argsort(table[:, i], kind="stable").astype("int32")
+            counts = np.bincount(table[:, i], minlength=self.num_buckets)
+            starts = np.concatenate([[0], np.cumsum(counts)]).astype("int32")
+            self.bucket_tokens[i].assign(order)
+            self.bucket_starts[i].assign(starts)
+            loads.append(int(counts.max()))
+        # Python ints: compiled decoding reads them as static shapes.
+        self.max_bucket_load = tuple(loads)
+        self.index_version = getattr(self, "index_version", 0) + 1
 
     def set_signatures(self, signatures):
         """Replaces the table's values (same `[V, H]` shape)."""
         if not self.built:
             self.build()
-        self.signatures.assign(self._validate_table(signatures))
+        table = self._validate_table(signatures)
+        self.signatures.assign(table)
+        self._rebuild_index(table)
 
     def get_signatures(self):
         """Returns the table as a numpy int32 array `[V, H]`."""
         if not self.built:
             self.build()
         return np.asarray(ops.convert_to_numpy(self.signatures), "int32")
+
+    def save_own_variables(self, store):
+        # Only the table: the index is derived from it.
+        store["0"] = self.get_signatures()
+
+    def load_own_variables(self, store):
+        if len(store.keys()) != 1:
+            raise ValueError(
+                f"Layer '{self.name}' expected 1 variable (the signature "
+                f"table), but received {len(store.keys())} variables during "
+                "loading."
+            )
+        self.set_signatures(np.asarray(store["0"]))
 
     def call(self, token_ids):
         token_ids = ops.cast(token_ids, "int32")

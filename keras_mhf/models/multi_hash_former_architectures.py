@@ -130,8 +130,10 @@ def count_parameters(
         dict with `embedding` (Standard: the tied `V x d` matrix; MHF: the H
         bucket tables plus the gated combiner), `decoder` (MHF: the cascade
         mixers; Standard: 0, the head is tied), `trunk` (blocks + final
-        norm), `total`, and `signature_table_entries` (MHF's non-trainable
-        int table, `V x H`, not counted in `total`).
+        norm), `total`, `signature_table_entries` (MHF's non-trainable int
+        table, `V x H`) and `decoding_index_entries` (its inverted index for
+        candidate decoding, `H x (V + B + 1)` ints, derived from the table
+        and not saved); the int entries are not counted in `total`.
     """
     trunk, hashes = parse_architecture(architecture)
     trunk["num_layers"] += int(extra_layers)
@@ -147,7 +149,7 @@ def count_parameters(
     d = trunk["hidden_dim"]
     body = trunk_parameter_count(**trunk)
     if hashes is None:
-        embedding, decoder, table = vocabulary_size * d, 0, 0
+        embedding, decoder, table, index = vocabulary_size * d, 0, 0, 0
     else:
         h, b = hashes["num_hashes"], hashes["num_buckets"]
         g, m = hashes["gate_dim"], hashes["mixer_dim"]
@@ -156,12 +158,14 @@ def count_parameters(
         # Sec. 3.3: H-1 mixers, W_dn [2d, m] + b_dn, W_up [m, d] + b_up.
         decoder = (h - 1) * (2 * d * m + m + m * d + d)
         table = vocabulary_size * h
+        index = h * (vocabulary_size + b + 1)
     return {
         "embedding": embedding,
         "decoder": decoder,
         "trunk": body,
         "total": embedding + decoder + body,
         "signature_table_entries": table,
+        "decoding_index_entries": index,
     }
 
 

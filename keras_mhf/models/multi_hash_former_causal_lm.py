@@ -7,6 +7,7 @@ from keras_hub.models import Qwen3CausalLM
 from keras_mhf import calibration
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models import authors_checkpoint
+from keras_mhf.models import multi_hash_former_decoding as decoding_lib
 from keras_mhf.models import multi_hash_former_vocabulary as vocabulary
 from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
@@ -16,10 +17,13 @@ from keras_mhf.next_token_scorer import forget_scorers
 from keras_mhf.utils.keras_utils import TASK_KWARGS
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
+from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.keras_utils import check_temperature
 from keras_mhf.utils.token_ids import check_feature_ids
 from keras_mhf.utils.token_ids import check_token_ids
 from keras_mhf.utils.token_ids import checked_dataset
+
+DECODINGS = ("candidates", "full")
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -64,7 +68,13 @@ class MultiHashFormerCausalLM(CausalLM):
     preprocessor_cls = MultiHashFormerCausalLMPreprocessor
 
     def __init__(
-        self, backbone, preprocessor=None, scoring_temperature=1.0, **kwargs
+        self,
+        backbone,
+        preprocessor=None,
+        scoring_temperature=1.0,
+        decoding="candidates",
+        candidate_buckets=None,
+        **kwargs,
     ):
         check_known_kwargs(
             "MultiHashFormerCausalLM",
@@ -87,6 +97,32 @@ class MultiHashFormerCausalLM(CausalLM):
 
         # === Config ===
         self.scoring_temperature = scoring_temperature
+        if decoding not in DECODINGS:
+            raise ValueError(
+                f"decoding must be one of {DECODINGS}; got {decoding!r}."
+            )
+        if candidate_buckets is not None:
+            check_positive_ints(
+                "MultiHashFormerCausalLM", candidate_buckets=candidate_buckets
+            )
+            candidate_buckets = int(candidate_buckets)
+        self.decoding = decoding
+        self.candidate_buckets = candidate_buckets
+        self._generate_key = None
+        # Generation steps and how many of them fell back to the full scan.
+        self.decoding_statistics = decoding_lib.DecodingStatistics()
+
+    def resolved_candidate_buckets(self):
+        """`K`, the buckets per head searched by `decoding="candidates"`:
+        `candidate_buckets`, or chosen from the table (`B` and the bucket
+        loads, i.e. `V / B`) to keep about 4096 candidates per row."""
+        lookup = self.backbone.signature_lookup
+        buckets = self.candidate_buckets
+        if buckets is None:
+            buckets = decoding_lib.automatic_candidate_buckets(
+                lookup.max_bucket_load
+            )
+        return min(buckets, lookup.num_buckets - 1)
 
     @property
     def scoring_temperature(self):
@@ -128,7 +164,9 @@ class MultiHashFormerCausalLM(CausalLM):
             signature_rule: `"unique"`, `"reference"` or `"repeated"`.
             dtype: dtype policy of the model.
             **backbone_kwargs: overrides of any backbone argument (e.g.
-                `num_layers=3`, `num_buckets=2048`).
+                `num_layers=3`, `num_buckets=2048`), and the task's own
+                settings (`scoring_temperature`, `decoding`,
+                `candidate_buckets`).
         """
         model = cls.from_tokens(
             tokenizer.get_vocabulary(),
@@ -159,6 +197,12 @@ class MultiHashFormerCausalLM(CausalLM):
         (token id = position), e.g. for benchmarks on synthetic vocabularies.
         Arguments as `from_tokenizer`; `pad_token_id` gets the all-zero
         signature."""
+        task_names = set(argument_names(cls)) - {"backbone", "preprocessor"}
+        task_kwargs = {
+            key: backbone_kwargs.pop(key)
+            for key in list(backbone_kwargs)
+            if key in task_names
+        }
         backbone = vocabulary.build_backbone(
             cls.backbone_cls,
             tokens,
@@ -168,7 +212,7 @@ class MultiHashFormerCausalLM(CausalLM):
             dtype=dtype,
             **backbone_kwargs,
         )
-        return cls(backbone=backbone, preprocessor=None)
+        return cls(backbone=backbone, preprocessor=None, **task_kwargs)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
@@ -362,23 +406,46 @@ class MultiHashFormerCausalLM(CausalLM):
         hidden_states, cache = self._trunk_with_cache(token_ids, cache, 0)
         return hidden_states, cache
 
-    # The generation loop only calls `_build_cache`, `call_with_cache` and the
-    # sampler, so KerasHub's own Qwen3 implementation serves unchanged.
-    generate_step = Qwen3CausalLM.generate_step
+    def generate_step(self, inputs, stop_token_ids=None):
+        """One compiled generation call (KerasHub's `CausalLM` contract).
+
+        Greedy and top-k samplers pick tokens with
+        `keras_mhf.models.multi_hash_former_decoding` (the bucket-candidate
+        search when `decoding="candidates"`, exact; the full scan when
+        `"full"`); every other sampler runs KerasHub's own loop on the full
+        distribution, as for KerasHub's Qwen3 (the loop only calls
+        `_build_cache`, `call_with_cache` and the sampler).
+        """
+        k = decoding_lib.sampler_top_k(self.sampler)
+        if k is None:
+            return Qwen3CausalLM.generate_step(self, inputs, stop_token_ids)
+        return decoding_lib.generate_step(self, inputs, stop_token_ids, k)
 
     def make_generate_function(self):
         """KerasHub's compiled generation function, behind a host-side check
-        of the prompt's token ids (once per call, not per generated token)."""
-        if self.generate_function is not None:
+        of the prompt's token ids (once per call, not per generated token);
+        counts of candidate-search fallbacks go to `decoding_statistics`."""
+        lookup = self.backbone.signature_lookup
+        key = (lookup.index_version, self.decoding, self.candidate_buckets)
+        if self.generate_function is not None and key == self._generate_key:
             return self.generate_function
+        self.generate_function = None
         compiled = super().make_generate_function()
         vocabulary_size = self.backbone.vocabulary_size
+        statistics = self.decoding_statistics
 
         def generate_function(inputs, stop_token_ids=None):
             check_token_ids(inputs["token_ids"], vocabulary_size)
-            return compiled(inputs, stop_token_ids)
+            outputs = dict(compiled(inputs, stop_token_ids))
+            fallbacks = outputs.pop("candidate_fallbacks", None)
+            steps = outputs.pop("decoding_steps", None)
+            if steps is not None:
+                statistics.steps += int(ops.convert_to_numpy(steps))
+                statistics.fallbacks += int(ops.convert_to_numpy(fallbacks))
+            return outputs
 
         self.generate_function = generate_function
+        self._generate_key = key
         return generate_function
 
     def generate(self, *args, **kwargs):
@@ -508,7 +575,13 @@ class MultiHashFormerCausalLM(CausalLM):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"scoring_temperature": self.scoring_temperature})
+        config.update(
+            {
+                "scoring_temperature": self.scoring_temperature,
+                "decoding": self.decoding,
+                "candidate_buckets": self.candidate_buckets,
+            }
+        )
         return config
 
     # --- Vocabulary ---------------------------------------------------------

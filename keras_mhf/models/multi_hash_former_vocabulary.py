@@ -170,8 +170,9 @@ def expand_vocabulary(lm, new_tokens=None, tokenizer=None):
             add_end_token=old.add_end_token if old else True,
         )
     expanded = type(lm)(new_backbone, preprocessor, **_task_arguments(lm))
+    # The table (and its inverted index) is new; every other weight is copied.
     copy_weights_by_path(
-        lm, expanded, skip=[new_backbone.signature_lookup.signatures]
+        lm, expanded, skip=new_backbone.signature_lookup.weights
     )
     return expanded
 
