@@ -30,8 +30,13 @@ class _NextTokenHead(keras.layers.Layer):
         self.causal_lm = causal_lm
 
     def call(self, hidden_states, token_ids):
-        log_probs = self.causal_lm.token_log_probs(hidden_states[:, :-1])
+        hidden_states = hidden_states[:, :-1]
         targets = ops.cast(token_ids[:, 1:], "int32")
+        statistics = getattr(self.causal_lm, "next_token_statistics", None)
+        if statistics is not None:  # MHF: never forms [b, s, V]
+            picked, best, argmax = statistics(hidden_states, targets)
+            return picked, ops.cast(argmax == targets, "float32"), best
+        log_probs = self.causal_lm.token_log_probs(hidden_states)
         picked = ops.take_along_axis(log_probs, targets[..., None], axis=-1)
         best = ops.max(log_probs, axis=-1)
         is_argmax = ops.argmax(log_probs, axis=-1) == targets

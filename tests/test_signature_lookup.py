@@ -112,3 +112,31 @@ def test_serialization_round_trip(tmp_path):
     np.testing.assert_array_equal(
         ops.convert_to_numpy(restored(ids)), table.signatures[ids]
     )
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.5])
+def test_chunked_token_statistics_equal_the_full_log_probs(temperature):
+    """`token_statistics` (vocabulary in chunks, online log-sum-exp) gives
+    the target log-prob, top log-prob and argmax of `token_log_probs`."""
+    vocabulary = 5000  # several chunks, the last one partial
+    tokens = ["<pad>"] + [f"t{i}" for i in range(vocabulary - 1)]
+    table = SignatureTable.from_tokens(tokens, 3, 64, pad_token_id=0)
+    lookup = SignatureLookup(vocabulary, 3, 64, 0, signatures=table)
+    rng = np.random.default_rng(0)
+    logits = (rng.normal(size=(2, 7, 3, 64)) * 3).astype("float32")
+    targets = rng.integers(0, vocabulary, size=(2, 7))
+    raw = ops.convert_to_numpy(lookup.token_log_probs(logits, normalize=False))
+    expected = ops.convert_to_numpy(
+        ops.log_softmax(ops.convert_to_tensor(raw / temperature), axis=-1)
+    )
+    target, best, argmax = (
+        np.asarray(ops.convert_to_numpy(x))
+        for x in lookup.token_statistics(logits, targets, temperature)
+    )
+    np.testing.assert_allclose(
+        target,
+        np.take_along_axis(expected, targets[..., None], -1)[..., 0],
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(best, expected.max(-1), atol=1e-5)
+    np.testing.assert_array_equal(argmax, expected.argmax(-1))

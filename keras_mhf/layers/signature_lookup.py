@@ -208,6 +208,93 @@ class SignatureLookup(keras.layers.Layer):
             scores = ops.log_softmax(scores, axis=-1)
         return scores
 
+    def token_statistics(self, bucket_logits, targets, temperature=1.0):
+        """Per-position statistics of the token distribution without forming
+        `[..., V]`: `(target log-prob, top log-prob, argmax id)`, each
+        `[...]`, under `log_softmax_V(s(w) / temperature)`.
+
+        The vocabulary is scanned in chunks that stay in cache, with an
+        online log-sum-exp: each head's log-probs are laid out `[B, n]` so
+        that gathering a chunk of tokens reads whole contiguous rows (one per
+        token) instead of `n` scattered elements. The same numbers as
+        `token_log_probs` (to float32 rounding of the normaliser); ties in
+        the argmax go to the lowest token id.
+
+        Args:
+            bucket_logits: float `[..., H, B]` logits or log-probs.
+            targets: int `[...]` token ids.
+            temperature: the scoring temperature `tau`.
+        """
+        if not self.built:
+            self.build()
+        batch_shape = ops.shape(targets)
+        logits = ops.cast(bucket_logits, "float32")
+        log_probs = ops.log_softmax(logits, axis=-1)
+        log_probs = ops.reshape(
+            log_probs, (-1, self.num_hashes, self.num_buckets)
+        )
+        targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
+        positions = ops.shape(log_probs)[0]
+        columns = [
+            ops.transpose(log_probs[:, i, :]) for i in range(self.num_hashes)
+        ]
+        static = log_probs.shape[0]
+        chunk = _chunk_size(static if isinstance(static, int) else None)
+        chunks = -(-self.vocabulary_size // chunk)
+        table = ops.convert_to_tensor(self.signatures)
+        table = ops.pad(
+            table, [[0, chunks * chunk - self.vocabulary_size], [0, 0]]
+        )
+        temperature = float(temperature)
+
+        def body(c, carry):
+            running_max, total, best, best_id = carry
+            rows = ops.slice(table, [c * chunk, 0], [chunk, self.num_hashes])
+            scores = None
+            for i, column in enumerate(columns):
+                head = ops.take(column, rows[:, i], axis=0)  # [chunk, n]
+                scores = head if scores is None else scores + head
+            if temperature != 1.0:
+                scores = scores / temperature
+            ids = c * chunk + ops.arange(chunk, dtype="int32")
+            scores = ops.where(
+                (ids < self.vocabulary_size)[:, None], scores, float("-inf")
+            )
+            chunk_max = ops.max(scores, axis=0)
+            new_max = ops.maximum(running_max, chunk_max)
+            total = total * ops.exp(running_max - new_max) + ops.sum(
+                ops.exp(scores - new_max[None, :]), axis=0
+            )
+            chunk_id = ops.cast(ops.argmax(scores, axis=0), "int32") + c * chunk
+            better = chunk_max > best
+            best = ops.where(better, chunk_max, best)
+            best_id = ops.where(better, chunk_id, best_id)
+            return new_max, total, best, best_id
+
+        minus_inf = ops.full((positions,), float("-inf"), "float32")
+        init = (
+            minus_inf,
+            ops.zeros((positions,), "float32"),
+            minus_inf,
+            ops.zeros((positions,), "int32"),
+        )
+        running_max, total, best, best_id = ops.fori_loop(0, chunks, body, init)
+        normaliser = running_max + ops.log(total)
+        signatures = ops.take(table, targets, axis=0)
+        target = None
+        for i in range(self.num_hashes):
+            head = ops.take_along_axis(
+                log_probs[:, i, :], signatures[:, i, None], axis=-1
+            )[:, 0]
+            target = head if target is None else target + head
+        if temperature != 1.0:
+            target = target / temperature
+        return (
+            ops.reshape(target - normaliser, batch_shape),
+            ops.reshape(best - normaliser, batch_shape),
+            ops.reshape(best_id, batch_shape),
+        )
+
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.num_hashes,)
 
@@ -229,3 +316,12 @@ class SignatureLookup(keras.layers.Layer):
             }
         )
         return config
+
+
+def _chunk_size(positions):
+    """Tokens per chunk of `token_statistics`: about 2**22 scores at a time
+    (16 MB of float32), a power of two between 256 and 65536."""
+    if positions is None:
+        return 4096
+    chunk = 2 ** max(8, min(16, int(np.log2(max(1, (1 << 22) // positions)))))
+    return int(chunk)

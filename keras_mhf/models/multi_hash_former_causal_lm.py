@@ -357,6 +357,17 @@ class MultiHashFormerCausalLM(CausalLM):
             scores = scores / self.scoring_temperature
         return ops.log_softmax(scores, axis=-1)
 
+    def next_token_statistics(self, hidden_states, targets):
+        """`(log p(target), top log-prob, argmax id)` per position, each
+        `[...]`, for hidden states `[..., d]` and target ids `[...]`, without
+        forming `[..., V]` (`SignatureLookup.token_statistics`); used by
+        `score(scoring_mode="loss")` and evaluation."""
+        return self.backbone.signature_lookup.token_statistics(
+            self.bucket_logits(hidden_states),
+            targets,
+            self.scoring_temperature,
+        )
+
     def _trunk_with_cache(self, token_ids, cache, cache_update_index):
         x = self.backbone.embed(token_ids)
         updated_cache = []
@@ -500,11 +511,14 @@ class MultiHashFormerCausalLM(CausalLM):
             x = layer_intercept_fn(
                 block(x, decoder_padding_mask=padding_mask), i
             )
-        log_probs = self.token_log_probs(self.backbone.layer_norm(x))
+        hidden_states = self.backbone.layer_norm(x)
         if scoring_mode == "logits":
-            return log_probs
-        targets = ops.cast(target_ids, "int32")[..., None]
-        return -ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+            return self.token_log_probs(hidden_states)
+        # Only the target's score and the normaliser: no [b, s, V] tensor.
+        target_log_probs, _, _ = self.next_token_statistics(
+            hidden_states, target_ids
+        )
+        return -target_log_probs
 
     def export(
         self,
