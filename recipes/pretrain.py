@@ -1,33 +1,58 @@
 """Pre-train a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
-    python recipes/pretrain.py --data ../shared/data/openstax_edu_en \
-        --output runs/mhf \
-        --tokenizer ../shared/data/mistral_v03_tokenizer/tokenizer.model \
+    python recipes/pretrain.py --data ../shared/data/openstax_edu_en \\
+        --output runs/mhf \\
+        --tokenizer ../shared/data/mistral_v03_tokenizer/tokenizer.model \\
         --architecture mini_h4b1024 --steps 300
 
-Documents (.txt paragraphs or .jsonl {"text": ...}) are packed into fixed-length
-sequences with <s> between documents; AdamW (decay 0.1, not on norms/biases),
-linear warmup + cosine decay, global-norm clipping 1.0. After every
---checkpoint-every steps: validation perplexity over the real vocabulary, a line
-in log.csv and a checkpoint; rerunning the same command after a crash resumes
-exactly. The final model is saved as a KerasHub preset in OUTPUT/preset, with
-OUTPUT/loss.png and OUTPUT/summary.json. Importable: `from keras_mhf.pretraining
-import pretrain`.
+--data is either a corpus prepared once by tools/prepare_data.py (a directory
+with index.json: token shards that training streams from disk), or raw text
+(.txt paragraphs or lines, .jsonl {"text": ...}, .jsonl.gz, directories and
+glob patterns of them), which is first prepared into OUTPUT/data (resumable; a
+rerun reuses it). Without --tokenizer, raw text gets a SentencePiece tokenizer
+trained on a bounded sample of it, and a prepared directory uses the tokenizer
+recorded in its index.json.
+
+Every step reads batch-size windows of sequence-length + 1 tokens drawn from
+(seed, step) alone. AdamW (decay 0.1, not on norms/biases), linear warmup +
+cosine decay, global-norm clipping 1.0. After every --checkpoint-every steps:
+validation perplexity over the real vocabulary on fixed held-out windows, a
+line in log.csv and an atomic checkpoint (OUTPUT/checkpoints/step_NNNNNN);
+rerunning the same command after a crash resumes from the newest complete
+checkpoint and ends with the same weights as an uninterrupted run. A
+non-finite training loss stops the run (exit status 1) and keeps the last
+finite checkpoint. The final model is saved as a KerasHub preset in
+OUTPUT/preset, with OUTPUT/loss.png and OUTPUT/summary.json.
+
+Multi-host (JAX): run the same command on every host with --coordinator
+HOST:PORT --num-processes N --process-id I --distribution data, a prepared
+--data directory and an --output directory on a filesystem every host sees.
+Importable: `from keras_mhf.pretraining import pretrain`.
 """
 
 import argparse
 import json
+import sys
 
 
 def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+def build_parser():
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=_Formatter,
     )
     p.add_argument(
         "--data",
         required=True,
-        help="a .txt/.jsonl file or a directory of them",
+        nargs="+",
+        metavar="DATA",
+        help="a prepared corpus directory (index.json, from "
+        "tools/prepare_data.py), or raw text: .txt/.jsonl/.jsonl.gz files, "
+        "directories or glob patterns, prepared into OUTPUT/data first",
     )
     p.add_argument(
         "--output", required=True, help="output directory (reused to resume)"
@@ -35,7 +60,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--tokenizer",
         default=None,
-        help="SentencePiece .model; default: train one on the data",
+        help="SentencePiece .model; default: for raw text, train one on a "
+        "sample of it; for a prepared directory, the one its index.json "
+        "records",
     )
     p.add_argument(
         "--vocabulary-size",
@@ -52,7 +79,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--extra-layers", type=int, default=0, help="Standard+kL")
     p.add_argument("--sequence-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="global batch size (all devices and processes together)",
+    )
     p.add_argument("--steps", type=int, default=300, help="optimizer steps")
     p.add_argument(
         "--learning-rate", type=float, default=2e-3, help="peak learning rate"
@@ -61,15 +93,22 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument(
         "--validation-data",
+        nargs="+",
         default=None,
-        help="held-out file/directory; default: the last documents of --data",
+        help="raw text only: held-out files; default: the documents a hash "
+        "of their text puts in the --validation-fraction",
     )
-    p.add_argument("--validation-fraction", type=float, default=0.05)
+    p.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=0.05,
+        help="raw text only: share of documents held out for validation",
+    )
     p.add_argument(
         "--validation-blocks",
         type=int,
         default=64,
-        help="at most this many held-out sequences are scored",
+        help="held-out windows scored at every checkpoint",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -78,7 +117,11 @@ def parse_args(argv=None):
         help="steps between validation, log line and checkpoint",
     )
     p.add_argument(
-        "--max-tokens", type=int, default=None, help="cap on training tokens"
+        "--workers",
+        type=int,
+        default=None,
+        help="raw text only: tokenizer processes when preparing it; every "
+        "core if not given",
     )
     p.add_argument(
         "--mixed-precision", action="store_true", help="train in mixed_bfloat16"
@@ -96,37 +139,131 @@ def parse_args(argv=None):
         help="(batch)x(model) device mesh, e.g. 2x4 (required for "
         "--distribution model)",
     )
-    return p.parse_args(argv)
+    p.add_argument(
+        "--compilation-cache",
+        default="auto",
+        metavar="DIR",
+        help="JAX only: a persistent cache of compiled programs, so that a "
+        "resumed run starts training within seconds; 'auto' is "
+        "OUTPUT/compilation_cache, 'none' turns it off",
+    )
+    hosts = p.add_argument_group(
+        "multi-host (JAX)",
+        "one process per host, all with the same arguments except --process-id",
+    )
+    hosts.add_argument(
+        "--coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="address of process 0, which every process connects to",
+    )
+    hosts.add_argument(
+        "--num-processes", type=int, default=None, help="processes in all"
+    )
+    hosts.add_argument(
+        "--process-id", type=int, default=None, help="this process, 0..N-1"
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars or messages (the summary is still printed)",
+    )
+    return p
+
+
+class _Formatter(
+    argparse.ArgumentDefaultsHelpFormatter,
+    argparse.RawDescriptionHelpFormatter,
+):
+    """Shows defaults (except `None` and `False`) and keeps the epilog's
+    line breaks."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _data(values):
+    return values[0] if values and len(values) == 1 else values
+
+
+def join_processes(args):
+    """Joins the multi-process JAX job named by --coordinator,
+    --num-processes and --process-id (before anything touches a device);
+    returns an error message, or `None`."""
+    given = [
+        args.coordinator is not None,
+        args.num_processes is not None,
+        args.process_id is not None,
+    ]
+    if not any(given):
+        return None
+    if not all(given):
+        return (
+            "--coordinator, --num-processes and --process-id go together; "
+            "pass all three (or none for a single process)."
+        )
+    if args.num_processes < 1:
+        return f"--num-processes must be >= 1, got {args.num_processes}."
+    if not 0 <= args.process_id < args.num_processes:
+        return (
+            f"--process-id must be in 0..{args.num_processes - 1}, got "
+            f"{args.process_id}."
+        )
+    from keras_mhf.distribution import initialize
+
+    try:
+        initialize(args.coordinator, args.num_processes, args.process_id)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = join_processes(args)
+    if problem:
+        parser.error(problem)
+    from keras_mhf.pretraining import CheckpointError
+    from keras_mhf.pretraining import NonFiniteTrainingError
+    from keras_mhf.pretraining import RunConfigError
     from keras_mhf.pretraining import pretrain
 
-    _, summary = pretrain(
-        data=args.data,
-        output_dir=args.output,
-        tokenizer=args.tokenizer,
-        vocabulary_size=args.vocabulary_size,
-        model=args.model,
-        architecture=args.architecture,
-        extra_layers=args.extra_layers,
-        sequence_length=args.sequence_length,
-        batch_size=args.batch_size,
-        steps=args.steps,
-        learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_steps,
-        weight_decay=args.weight_decay,
-        validation_data=args.validation_data,
-        validation_fraction=args.validation_fraction,
-        validation_blocks=args.validation_blocks,
-        checkpoint_every=args.checkpoint_every,
-        max_tokens=args.max_tokens,
-        mixed_precision=args.mixed_precision,
-        seed=args.seed,
-        distribution=args.distribution,
-        mesh=args.mesh,
-    )
+    try:
+        _, summary = pretrain(
+            data=_data(args.data),
+            output_dir=args.output,
+            tokenizer=args.tokenizer,
+            vocabulary_size=args.vocabulary_size,
+            model=args.model,
+            architecture=args.architecture,
+            extra_layers=args.extra_layers,
+            sequence_length=args.sequence_length,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps,
+            weight_decay=args.weight_decay,
+            validation_data=_data(args.validation_data),
+            validation_fraction=args.validation_fraction,
+            validation_blocks=args.validation_blocks,
+            checkpoint_every=args.checkpoint_every,
+            workers=args.workers,
+            mixed_precision=args.mixed_precision,
+            seed=args.seed,
+            distribution=args.distribution,
+            mesh=args.mesh,
+            compilation_cache=args.compilation_cache,
+            verbose=0 if args.quiet else 1,
+        )
+    except RunConfigError as error:
+        parser.error(str(error))
+    except (NonFiniteTrainingError, CheckpointError) as error:
+        name = type(error).__name__
+        print(f"{parser.prog}: error: {name}: {error}", file=sys.stderr)
+        sys.exit(1)
     print(json.dumps(summary, indent=2))
     return summary
 

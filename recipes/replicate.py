@@ -27,6 +27,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
+# Share of documents held out when --data has no validation files.
+VALIDATION_FRACTION = 0.05
 
 
 def parse_args(argv=None):
@@ -38,7 +40,8 @@ def parse_args(argv=None):
         "--data",
         default=os.path.join(DATA, "openstax_edu_en"),
         help="folder with train*/validation* .jsonl|.txt files, or one file "
-        "(its last 5%% of documents are held out)",
+        "(5%% of its documents, chosen by a hash of their text, are held "
+        "out)",
     )
     p.add_argument(
         "--tokenizer",
@@ -60,7 +63,6 @@ def parse_args(argv=None):
     )
     p.add_argument("--validation-blocks", type=int, default=64)
     p.add_argument("--last-word-passages", type=int, default=200)
-    p.add_argument("--max-train-tokens", type=int, default=None)
     p.add_argument(
         "--seeds",
         type=int,
@@ -76,8 +78,10 @@ def parse_args(argv=None):
     p.add_argument(
         "--work-dir",
         default=None,
-        help="checkpoints and presets of every run (default: OUTPUT/runs); "
-        "OUTPUT keeps only the report, the plot and the training logs",
+        help="the prepared training corpus (WORK_DIR/data, shared by every "
+        "run, so all models see identical data), checkpoints and presets of "
+        "every run (default: OUTPUT/runs); OUTPUT keeps only the report, the "
+        "plot and the training logs",
     )
     p.add_argument(
         "--smoke",
@@ -180,7 +184,6 @@ def replicate(
     checkpoint_every=100,
     validation_blocks=64,
     last_word_passages=200,
-    max_train_tokens=None,
     seeds=1,
     models=None,
     smoke=False,
@@ -191,7 +194,9 @@ def replicate(
     import keras
 
     from keras_mhf import evaluation
+    from keras_mhf.data import prepare_data
     from keras_mhf.data import read_documents
+    from keras_mhf.data import validation_score
     from keras_mhf.models import MultiHashFormerTokenizer
     from keras_mhf.models import count_parameters
     from keras_mhf.pretraining import pretrain
@@ -199,21 +204,34 @@ def replicate(
     if smoke:
         trunk, steps, checkpoint_every = "tiny", 2, 1
         validation_blocks, last_word_passages = 4, 4
-        max_train_tokens = max_train_tokens or 20_000
     os.makedirs(output, exist_ok=True)
     train, validation = split_data(data)
     vocabulary_size = MultiHashFormerTokenizer(tokenizer).vocabulary_size()
     specs = model_specs(trunk, vocabulary_size, smoke)
     if models:
         specs = [s for s in specs if _group(s[0]) in models or s[0] in models]
-    held_out = list(read_documents(validation)) if validation else None
-    if held_out is None:
-        documents = list(read_documents(train))
-        held_out = documents[-max(1, len(documents) // 20) :]
+    if validation:
+        held_out = list(read_documents(validation))
+    else:  # the documents prepare_data holds out (validation_score rule)
+        held_out = [
+            d
+            for d in read_documents(train)
+            if validation_score(d) < VALIDATION_FRACTION
+        ]
     # Derived from the data, so it stays with the runs, not in the report
     # folder.
     work_dir = work_dir or os.path.join(output, "runs")
     os.makedirs(work_dir, exist_ok=True)
+    # Tokenized once; every run streams the same windows from it.
+    prepared = os.path.join(work_dir, "data")
+    prepare_data(
+        train,
+        tokenizer,
+        prepared,
+        validation_fraction=VALIDATION_FRACTION,
+        validation_inputs=validation,
+        progress=bool(verbose),
+    )
     last_word_path = evaluation.write_last_word_file(
         held_out,
         os.path.join(work_dir, "last_word_passages.jsonl"),
@@ -229,7 +247,7 @@ def replicate(
             started = time.time()
             run_dir = os.path.join(work_dir, f"seed{seed}", name)
             lm, summary = pretrain(
-                train,
+                prepared,
                 run_dir,
                 tokenizer=tokenizer,
                 model=kind,
@@ -241,11 +259,8 @@ def replicate(
                 steps=steps,
                 learning_rate=learning_rate,
                 warmup_steps=max(1, steps // 10),
-                validation_data=validation,
-                validation_fraction=0.05,
                 validation_blocks=validation_blocks,
                 checkpoint_every=checkpoint_every,
-                max_tokens=max_train_tokens,
                 seed=seed,
                 verbose=0 if smoke else verbose,
             )
@@ -387,7 +402,6 @@ def main(argv=None):
         args.checkpoint_every,
         args.validation_blocks,
         args.last_word_passages,
-        args.max_train_tokens,
         args.seeds,
         args.models,
         args.smoke,

@@ -85,9 +85,10 @@ def test_data_and_model_parallel_on_8_cpu_devices():
 
 
 @JAX_ONLY
-def test_pretrain_recipe_with_model_parallelism(tmp_path, corpus):
-    data = tmp_path / "corpus.txt"
-    data.write_text("\n\n".join(corpus))
+def test_pretrain_recipe_with_model_parallelism(tmp_path):
+    from tests.pretraining_helpers import write_documents
+
+    data = write_documents(tmp_path / "corpus.jsonl")
     env = dict(
         os.environ,
         KERAS_BACKEND="jax",
@@ -98,9 +99,13 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path, corpus):
             sys.executable,
             str(REPO / "recipes" / "pretrain.py"),
             "--data",
-            str(data),
+            data,
             "--output",
             str(tmp_path / "run"),
+            "--validation-fraction",
+            "0.2",
+            "--validation-blocks",
+            "4",
             "--architecture",
             "tiny_h3b64",
             "--vocabulary-size",

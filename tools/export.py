@@ -12,7 +12,7 @@ for the string endpoints):
     model = tf.saved_model.load("runs/mhf/saved_model")
     model.generate_text(prompts=tf.constant(["The cell"]),
                         max_new_tokens=tf.constant(20))["completion"]
-    model.score_text(texts=tf.constant(["The cell is small."]))["log_likelihood"]
+    model.score_text(texts=tf.constant(["The cell is small."]))
 """
 
 import argparse

@@ -25,6 +25,13 @@ def python_documentation(path):
     return path
 
 
+def write_jsonl(documents, path):
+    """Writes documents as JSON lines (`{"text": ...}`) and returns the path."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in documents)
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -66,6 +73,17 @@ def main(argv=None):
         f"{sum(map(len, documents)):,} characters); "
         f"the last {len(held_out)} are held out."
     )
+    # The training and held-out documents as separate files: the MHF run
+    # prepares them (tokenizer, token shards) once, the Standard run reuses
+    # that prepared corpus, and the evaluation below scores the same
+    # held-out documents.
+    train_path = write_jsonl(
+        documents[: len(documents) - len(held_out)],
+        os.path.join(args.output, "train.jsonl"),
+    )
+    held_out_jsonl = write_jsonl(
+        held_out, os.path.join(args.output, "held_out.jsonl")
+    )
 
     runs, models = {}, {}
     for name, model, arch in (
@@ -73,11 +91,12 @@ def main(argv=None):
         ("standard", "standard", args.architecture.split("_")[0]),
     ):
         print(f"\n=== Training {name} ({arch}) for {args.steps} steps ===")
-        tokenizer = runs["mhf"]["tokenizer"] if runs else None
+        first = not runs
         models[name], runs[name] = pretrain(
-            data,
+            train_path if first else runs["mhf"]["data"],
             os.path.join(args.output, name),
-            tokenizer=tokenizer,
+            tokenizer=None if first else runs["mhf"]["tokenizer"],
+            validation_data=held_out_jsonl if first else None,
             vocabulary_size=args.vocabulary_size,
             model=model,
             architecture=arch,

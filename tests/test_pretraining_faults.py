@@ -1,0 +1,381 @@
+"""Training faults: a run killed at every point of a checkpoint write
+(in-process hooks and a real SIGKILL), damaged checkpoints, checkpoints of
+other settings, and a diverging loss. Every resumed run must end with the
+uninterrupted run's weights, to the bit; nothing non-finite or partial may
+ever be loaded or written."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import keras
+import numpy as np
+import pytest
+
+from keras_mhf import pretraining
+from keras_mhf.pretraining import CheckpointError
+from keras_mhf.pretraining import NonFiniteTrainingError
+from keras_mhf.pretraining import NonFiniteWeightsError
+from keras_mhf.pretraining import RunConfigError
+from keras_mhf.pretraining import pretrain
+from tests.conftest import REPO
+from tests.pretraining_helpers import RUN
+from tests.pretraining_helpers import assert_same_state
+from tests.pretraining_helpers import compilation_cache
+from tests.pretraining_helpers import compilation_cache_env
+from tests.pretraining_helpers import prepared_corpus
+from tests.pretraining_helpers import reference_run
+from tests.pretraining_helpers import state_of
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_once(tmp_path_factory):
+    with compilation_cache(tmp_path_factory.getbasetemp() / "jax_cache"):
+        yield
+
+
+@pytest.fixture
+def env(tmp_path_factory):
+    """A subprocess environment that shares the compilation cache."""
+    return compilation_cache_env(
+        str(tmp_path_factory.getbasetemp() / "jax_cache")
+    )
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return prepared_corpus(str(tmp_path_factory.getbasetemp() / "corpus"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return reference_run(str(tmp_path_factory.getbasetemp()))
+
+
+class Killed(BaseException):
+    """Stands for the process dying: nothing in the run may catch it."""
+
+
+def checkpoints(output):
+    root = os.path.join(output, "checkpoints")
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def copy_run(reference, destination, keep_steps):
+    """A copy of the reference run's output as it stood after `keep_steps`
+    (its checkpoint directories among them)."""
+    _, source = reference
+    os.makedirs(os.path.join(destination, "checkpoints"))
+    for step in keep_steps:
+        name = f"step_{step:06d}"
+        shutil.copytree(
+            os.path.join(source, "checkpoints", name),
+            os.path.join(destination, "checkpoints", name),
+        )
+    return str(destination)
+
+
+def truncate(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+KILLED_CHILD = """
+import os, signal, sys
+from keras_mhf import pretraining
+
+def kill(name, path=None, **info):
+    if name == "weights_written" and "step_000002" in str(path):
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind
+
+pretraining._event = kill
+pretraining.pretrain(sys.argv[1], sys.argv[2], **{run})
+raise SystemExit("the run was not killed")
+"""
+
+
+def killing_at(event, step, cut_short=False):
+    """An `_event` hook that kills the run (raises `Killed`) at `event` of
+    the checkpoint of `step`, first cutting the weights file short when
+    `cut_short` (a kill in the middle of writing it)."""
+
+    def kill(name, path=None, **info):
+        if name == event and f"step_{step:06d}" in str(path):
+            if cut_short:
+                truncate(path)
+            raise Killed(f"{event} at step {step}")
+
+    return kill
+
+
+def test_a_run_killed_at_every_point_of_a_checkpoint_write_resumes_exactly(
+    tmp_path, corpus, reference, env, monkeypatch
+):
+    """One run, killed again and again, each time at another point of a
+    checkpoint write, and resumed each time: the first kill is a real
+    SIGKILL of a subprocess, the others come from the `_event` hook. It must
+    end with the uninterrupted run's weights and optimizer state."""
+    output = str(tmp_path / "run")
+    script = textwrap.dedent(KILLED_CHILD).replace("{run}", repr(RUN))
+    done = subprocess.run(
+        [sys.executable, "-c", script, corpus[0], output],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=str(REPO),
+        env=env,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+
+    def temporary_and(*complete):
+        names = checkpoints(output)
+        assert len(names) == len(complete) + 1, names
+        assert names[0].startswith(".tmp-step_")
+        assert names[1:] == [f"step_{s:06d}" for s in complete]
+
+    # SIGKILL between the weights and the state of step 2.
+    temporary_and(1)
+    # Killed in the middle of writing the weights of step 2, again.
+    monkeypatch.setattr(
+        pretraining, "_event", killing_at("weights_written", 2, True)
+    )
+    with pytest.raises(Killed):
+        pretrain(corpus[0], output, **RUN)
+    temporary_and(1)
+    # Killed once step 3's directory is complete, before its rename.
+    monkeypatch.setattr(
+        pretraining, "_event", killing_at("checkpoint_complete", 3)
+    )
+    with pytest.raises(Killed):
+        pretrain(corpus[0], output, **RUN)
+    temporary_and(1, 2)
+    # Killed after the rename of step 3, before older ones are pruned.
+    monkeypatch.setattr(
+        pretraining, "_event", killing_at("checkpoint_renamed", 3)
+    )
+    with pytest.raises(Killed):
+        pretrain(corpus[0], output, **RUN)
+    assert checkpoints(output) == ["step_000001", "step_000002", "step_000003"]
+    monkeypatch.undo()
+    lm, summary = pretrain(corpus[0], output, **RUN)
+    assert summary["finished"]
+    assert_same_state(state_of(lm), reference[0])
+    assert checkpoints(output) == ["step_000003", "step_000004"]
+    log = open(os.path.join(output, "log.csv")).read().splitlines()
+    assert [row.split(",")[0] for row in log[1:]] == ["1", "2", "3", "4"]
+
+
+def flip_a_byte(path):
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 100)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_damaged_newer_checkpoints_fall_back_to_the_last_good_one(
+    tmp_path, corpus, reference
+):
+    output = copy_run(reference, tmp_path / "run", keep_steps=(2, 3, 4))
+    step_3, step_4 = (
+        os.path.join(output, "checkpoints", f"step_00000{s}") for s in (3, 4)
+    )
+    truncate(os.path.join(step_4, "model.weights.h5"))
+    flip_a_byte(os.path.join(step_3, "model.weights.h5"))  # same size
+    with pytest.warns(UserWarning) as warned:
+        lm, summary = pretrain(corpus[0], output, **RUN)
+    messages = [str(w.message) for w in warned]
+    assert any(
+        re.search(re.escape(step_4) + r" \(step 4\) is unusable.*bytes", m)
+        for m in messages
+    )
+    assert any(
+        re.search(re.escape(step_3) + r" \(step 3\) is unusable.*sha256", m)
+        for m in messages
+    )
+    assert summary["finished"]
+    assert_same_state(state_of(lm), reference[0])
+    names = checkpoints(output)
+    assert "step_000003.unusable" in names and "step_000004.unusable" in names
+
+
+def test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start(
+    tmp_path, corpus, reference
+):
+    output = copy_run(reference, tmp_path / "run", keep_steps=(3, 4))
+    truncate(
+        os.path.join(output, "checkpoints", "step_000004", "model.weights.h5")
+    )
+    os.remove(os.path.join(output, "checkpoints", "step_000003", "state.json"))
+    with pytest.warns(UserWarning):
+        with pytest.raises(CheckpointError, match="none can be loaded"):
+            pretrain(corpus[0], output, **RUN)
+    assert not os.path.exists(os.path.join(output, "summary.json"))
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (dict(batch_size=8), "batch_size"),
+        (dict(steps=6), "steps"),
+        (dict(sequence_length=8), "sequence_length"),
+        (dict(seed=1), "seed"),
+        (dict(architecture="tiny_h4b64"), "architecture"),
+    ],
+)
+def test_a_checkpoint_of_other_settings_is_refused(
+    tmp_path, corpus, reference, change, named
+):
+    output = copy_run(reference, tmp_path / "run", keep_steps=(2,))
+    with pytest.raises(RunConfigError, match=f"different settings.*{named}"):
+        pretrain(corpus[0], output, **dict(RUN, **change))
+    assert checkpoints(output) == ["step_000002"]
+
+
+def test_a_checkpoint_of_other_data_is_refused(tmp_path, corpus, reference):
+    from keras_mhf.data import prepare_data
+    from tests.pretraining_helpers import write_documents
+
+    other = str(tmp_path / "other")
+    prepare_data(
+        write_documents(tmp_path / "docs.jsonl", count=150, seed=7),
+        corpus[1],
+        other,
+        validation_fraction=0.2,
+        workers=1,
+        progress=False,
+    )
+    output = copy_run(reference, tmp_path / "run", keep_steps=(2,))
+    with pytest.raises(RunConfigError, match="different settings.*data"):
+        pretrain(other, output, **RUN)
+
+
+def finite_everywhere(weights_file):
+    values = []
+    with h5py.File(weights_file, "r") as f:
+        f.visititems(
+            lambda name, item: (
+                values.append(item[()])
+                if isinstance(item, h5py.Dataset)
+                else None
+            )
+        )
+    return all(
+        np.isfinite(v).all() for v in values if np.asarray(v).dtype.kind == "f"
+    )
+
+
+def test_a_diverging_run_stops_keeps_its_last_finite_checkpoint_and_fails(
+    tmp_path, corpus, env
+):
+    output = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "recipes" / "pretrain.py"),
+            "--data",
+            corpus[0],
+            "--output",
+            str(output),
+            "--architecture",
+            "tiny_h3b64",
+            "--sequence-length",
+            "16",
+            "--batch-size",
+            "4",
+            "--steps",
+            "6",
+            "--checkpoint-every",
+            "1",
+            "--warmup-steps",
+            "1",
+            "--validation-blocks",
+            "4",
+            "--learning-rate",
+            "1e6",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    # The loss turns non-finite, or (on some backends) first the weights.
+    match = re.search(
+        r"error: (NonFiniteLossError: the training loss|NonFiniteWeightsError: "
+        r"the weights) became non-finite .*?(at|by) step (\d+)[ ;].*The last "
+        r"finite checkpoint \(step (\d+)\) is kept in (\S+)\. Rerun with a "
+        r"lower --learning-rate \(it was 1e\+06\)",
+        done.stderr,
+    )
+    assert match, done.stderr[-2000:]
+    bad_step, kept_step, kept = int(match[3]), int(match[4]), match[5]
+    assert kept_step == bad_step - 1 and bad_step < 6
+    assert kept == str(output / "checkpoints" / f"step_{kept_step:06d}")
+    assert checkpoints(str(output))[-1] == f"step_{kept_step:06d}"
+    for name in checkpoints(str(output)):
+        assert finite_everywhere(
+            output / "checkpoints" / name / "model.weights.h5"
+        )
+    for artifact in ("preset", "summary.json"):
+        assert not (output / artifact).exists()
+    assert not any(p.name.startswith("preset") for p in output.iterdir())
+
+
+def test_a_resumed_run_never_replaces_a_good_checkpoint_with_a_bad_one(
+    tmp_path, corpus, reference
+):
+    output = copy_run(reference, tmp_path / "run", keep_steps=(1, 2))
+    # One chunk for steps 3-4 (checkpoint_every may change on resume), so
+    # however the divergence shows, no checkpoint is due before it.
+    settings = dict(RUN, learning_rate=1e6, checkpoint_every=2)
+
+    def contents():
+        found = {}
+        for name in checkpoints(output):
+            for file in os.listdir(os.path.join(output, "checkpoints", name)):
+                with open(
+                    os.path.join(output, "checkpoints", name, file), "rb"
+                ) as f:
+                    found[name, file] = f.read()
+        return found
+
+    before = contents()
+    with pytest.warns(UserWarning, match="other optimizer settings"):
+        # The loss, or first the weights, become non-finite.
+        with pytest.raises(NonFiniteTrainingError) as error:
+            pretrain(corpus[0], output, **settings)
+    assert error.value.step in (3, 4)
+    assert error.value.checkpoint.endswith("step_000002")
+    assert contents() == before
+    assert not os.path.exists(os.path.join(output, "summary.json"))
+
+
+def test_non_finite_weights_are_never_checkpointed(
+    tmp_path, corpus, monkeypatch
+):
+    real_train_chunk = pretraining.train_chunk
+
+    def poisoning_train_chunk(config, lm, data, first, last):
+        history = real_train_chunk(config, lm, data, first, last)
+        if last == 2:  # a weight turns NaN while the loss stays finite
+            variable = lm.backbone.trainable_weights[0]
+            value = np.array(keras.ops.convert_to_numpy(variable.value))
+            value.flat[0] = np.nan
+            variable.assign(value)
+        return history
+
+    monkeypatch.setattr(pretraining, "train_chunk", poisoning_train_chunk)
+    output = str(tmp_path / "run")
+    with pytest.raises(NonFiniteWeightsError, match="by step 2") as error:
+        pretrain(corpus[0], output, **RUN)
+    assert error.value.checkpoint.endswith("step_000001")
+    assert checkpoints(output) == ["step_000001"]
+    assert "Rerun with a lower --learning-rate" in str(error.value)
