@@ -164,6 +164,10 @@ class SignatureLookup(keras.layers.Layer):
             self.build()
         return np.asarray(ops.convert_to_numpy(self.signatures), "int32")
 
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Nothing to quantize: the table holds int bucket ids (this keeps
+        `Model.quantize` from warning that the layer cannot be quantized)."""
+
     def save_own_variables(self, store):
         # Only the table: the index is derived from it.
         store["0"] = self.get_signatures()

@@ -214,6 +214,27 @@ class MultiHashFormerBackbone(Backbone):
         self.pad_token_id = pad_token_id
         self.signature_rule = signature_rule
 
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize`, plus the hash encoder's bucket tables
+        (int8 or int4 with one scale per bucket; see
+        `HashEncoder.quantize`), which Keras does not reach because the
+        encoder holds sublayers. The int signature table stays as it is."""
+        super().quantize(mode, config=config, filters=filters, **kwargs)
+        self.quantize_hash_tables(mode, config=config, filters=filters)
+
+    def quantize_hash_tables(self, mode, config=None, filters=None):
+        """Quantizes the bucket tables (called by the backbone's and the
+        causal LM's `quantize`)."""
+        from keras.src.quantizers.utils import should_quantize_layer
+
+        encoder = self.hash_encoder
+        if encoder.quantization_mode is not None:
+            return
+        if not should_quantize_layer(encoder, filters):
+            return
+        encoder.quantize(mode, config=config)
+        self._post_quantize(mode)
+
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, strict: a corrupt or truncated file, or
         one of a model with another configuration, is a clear `ValueError`

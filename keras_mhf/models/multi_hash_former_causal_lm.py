@@ -26,6 +26,24 @@ from keras_mhf.utils.token_ids import checked_dataset
 DECODINGS = ("candidates", "full")
 
 
+def _skip_preprocessing(preprocessor, filters):
+    """`Model.quantize` filters that leave the preprocessing layers alone
+    (they hold no weights, and Keras refuses a reloaded tokenizer, which is
+    never "built")."""
+    from keras.src.quantizers.utils import should_quantize_layer
+
+    skipped = set()
+    if preprocessor is not None:
+        skipped = {id(layer) for layer in preprocessor._flatten_layers()}
+
+    def keep(layer):
+        return id(layer) not in skipped and should_quantize_layer(
+            layer, filters
+        )
+
+    return keep
+
+
 @keras.saving.register_keras_serializable(package="keras_mhf")
 class MultiHashFormerCausalLM(CausalLM):
     """MultiHashFormer causal language model (KerasHub `CausalLM`).
@@ -260,6 +278,30 @@ class MultiHashFormerCausalLM(CausalLM):
             sampler=sampler,
             **kwargs,
         )
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize` (`"int8"`, `"int4"`) over every Dense
+        layer, plus the hash encoder's bucket tables, which the encoder's
+        lookup and the decoder's tied logits and soft retrieval read in the
+        int dtype (`HashEncoder.quantize`)."""
+        super().quantize(
+            mode,
+            config=config,
+            filters=_skip_preprocessing(self.preprocessor, filters),
+            **kwargs,
+        )
+        self.backbone.quantize_hash_tables(mode, config=config, filters=filters)
+        self.generate_function = None
+        forget_scorers(self)
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and optimizer.built:
+            # A quantized model is for inference: its old optimizer state
+            # no longer matches the (now partly int) weights.
+            self.compile(
+                optimizer=type(optimizer).from_config(optimizer.get_config()),
+                loss=self.loss,
+                sampler=self.sampler,
+            )
 
     def get_compile_config(self):
         """Keras' compile config plus the sampler, so `.keras` loading
