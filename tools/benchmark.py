@@ -8,6 +8,9 @@ analytic FLOPs per token, model-FLOPs utilisation and MHF/Standard ratios.
     python tools/benchmark.py --hidden-dim 256 --num-layers 8
     python tools/benchmark.py --smoke  # seconds; CI runs this
     python tools/benchmark.py --compare before.json after.json
+    python tools/benchmark.py --inference vocabulary --mhf-preset PRESET \
+        --vocab 32768 1048576 4194304   # decode/score cost against V
+    python tools/benchmark.py --inference quantization   # int8 vs float32
 
 Every (backend, vocabulary, model) is measured in its own subprocess, so peak
 memory (peak RSS growth over the process after imports) is per model. Model
@@ -58,6 +61,35 @@ def parse_args(argv=None):
         "--new-tokens", type=int, default=32, help="generated tokens timed"
     )
     p.add_argument("--output", default="benchmark.json")
+    p.add_argument(
+        "--inference",
+        choices=["vocabulary", "quantization"],
+        default=None,
+        help="inference benchmarks: generation (KV cache, ms/token, batch 1 "
+        "and 8) and loss scoring against the vocabulary size for a trained "
+        "MHF expanded with synthetic tokens (candidate and full decoding, "
+        "fallback rates) and the Standard baseline on the same trunk; or "
+        "float32 against quantized models",
+    )
+    p.add_argument(
+        "--mhf-preset",
+        default=None,
+        help="--inference vocabulary: a trained MHF preset whose trunk and "
+        "weights are measured (its vocabulary is grown with synthetic "
+        "tokens); default: a random mini_h4b16k",
+    )
+    p.add_argument(
+        "--mhf-architecture",
+        default="mini_h4b16k",
+        help="--inference vocabulary without --mhf-preset: the random MHF",
+    )
+    p.add_argument(
+        "--quantize",
+        nargs="+",
+        default=["int8"],
+        help="--inference quantization: modes compared with float32",
+    )
+    p.add_argument("--inference-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument(
         "--smoke", action="store_true", help="tiny sizes: checks the tool runs"
     )
@@ -408,10 +440,46 @@ def main(argv=None):
     if args.compare:
         print(compare(*args.compare))
         return
-    if args.smoke:
+    if args.smoke and args.inference == "vocabulary":
+        args.vocab, args.mhf_architecture, args.new_tokens = (
+            [512, 2048],
+            "tiny_h3b64",
+            4,
+        )
+    elif args.smoke and args.inference == "quantization":
+        args.vocab, args.configs = [512], ["h3b64", "standard"]
+        args.hidden_dim, args.num_layers, args.new_tokens = 64, 2, 4
+    elif args.smoke:
         args.vocab, args.configs = [512], ["standard", "h3b64"]
         args.hidden_dim, args.num_layers, args.sequence_length = 64, 2, 16
         args.batch_size, args.steps, args.new_tokens = 2, 2, 4
+    if args.inference_worker:
+        _, kind, vocabulary_size = args.inference_worker
+        inference_worker(kind, int(vocabulary_size), args)
+        return
+    if args.inference:
+        started = time.time()
+        results = run_inference(args)
+        stem = os.path.splitext(args.output)[0]
+        if args.inference == "vocabulary":
+            report = vocabulary_report(results, args, stem + ".png")
+        else:
+            report = quantization_report(results, args)
+        print("\n" + report)
+        with open(args.output, "w") as f:
+            json.dump(
+                {
+                    "settings": vars(args),
+                    "results": results,
+                    "seconds": time.time() - started,
+                },
+                f,
+                indent=2,
+            )
+        with open(stem + ".md", "w") as f:
+            f.write(report + "\n")
+        print(f"Wrote {args.output} ({time.time() - started:.0f} s).")
+        return
     if args.worker:
         backend, vocabulary_size, config = args.worker
         if config == "matmul":
@@ -437,6 +505,311 @@ def main(argv=None):
             indent=2,
         )
     print(f"Wrote {args.output} ({time.time() - started:.0f} s).")
+
+
+# --- Inference benchmarks (--inference) -----------------------------------
+
+
+def _mhf_for_vocabulary(args, vocabulary_size):
+    """The measured MHF at `vocabulary_size`: the preset's weights with its
+    vocabulary grown by synthetic tokens (no new parameters), or a random
+    `mini_h4b16k` on synthetic tokens."""
+    import keras
+
+    from keras_mhf.models import MultiHashFormerCausalLM
+
+    if args.mhf_preset is None:
+        keras.utils.set_random_seed(0)
+        return MultiHashFormerCausalLM.from_tokens(
+            benchmarking.synthetic_tokens(vocabulary_size),
+            args.mhf_architecture,
+            pad_token_id=2,
+        )
+    model = MultiHashFormerCausalLM.from_preset(args.mhf_preset)
+    vocabulary = model.preprocessor.tokenizer.get_vocabulary()
+    if vocabulary_size > len(vocabulary):
+        model = model.expand_vocabulary(
+            new_tokens=benchmarking.synthetic_expansion(
+                vocabulary, vocabulary_size
+            )
+        )
+    model.preprocessor = None
+    return model
+
+
+def _trunk_of(model):
+    b = model.backbone
+    return dict(
+        num_layers=b.num_layers,
+        hidden_dim=b.hidden_dim,
+        num_query_heads=b.num_query_heads,
+        num_key_value_heads=b.num_key_value_heads,
+        head_dim=b.head_dim,
+        intermediate_dim=b.intermediate_dim,
+    )
+
+
+def _generation(model, prefix, new_tokens):
+    result = {}
+    for batch in (1, 8):
+        if hasattr(model, "decoding_statistics"):
+            model.decoding_statistics.reset()
+        result[f"{prefix}_ms_per_token_b{batch}"] = (
+            benchmarking.generation_ms_per_token(
+                model, batch, new_tokens=new_tokens
+            )
+        )
+        statistics = getattr(model, "decoding_statistics", None)
+        if statistics is not None and model.decoding == "candidates":
+            result[f"{prefix}_fallback_rate_b{batch}"] = (
+                statistics.fallback_rate
+            )
+    return result
+
+
+def inference_worker(kind, vocabulary_size, args):
+    """Measures one model of an inference benchmark; prints one JSON line."""
+    import keras
+
+    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models import standard_backbone
+
+    result = {"kind": kind, "vocabulary_size": vocabulary_size}
+    if kind in ("mhf", "mhf_random"):
+        model = _mhf_for_vocabulary(args, vocabulary_size)
+        if kind == "mhf_random":  # same architecture, untrained weights
+            config = model.backbone.get_config()
+            trunk = _trunk_of(model)
+            keras.utils.set_random_seed(0)
+            from keras_mhf.models import MultiHashFormerCausalLM
+
+            model = MultiHashFormerCausalLM.from_tokens(
+                benchmarking.synthetic_tokens(vocabulary_size),
+                f"tiny_h{config['num_hashes']}b{config['num_buckets']}",
+                pad_token_id=2,
+                **trunk,
+            )
+        model.compile(sampler="greedy")
+        result["candidate_buckets"] = model.resolved_candidate_buckets()
+        result["max_bucket_load"] = list(
+            model.backbone.signature_lookup.max_bucket_load
+        )
+        for decoding in ("candidates", "full"):
+            model.decoding = decoding
+            result.update(
+                _generation(model, f"mhf_{decoding}", args.new_tokens)
+            )
+            if kind == "mhf_random":
+                break
+        if kind == "mhf":
+            result["mhf_score_tokens_per_s"] = (
+                benchmarking.scoring_tokens_per_s(model, vocabulary_size)
+            )
+    elif kind == "standard":
+        trunk = _trunk_of(_mhf_for_vocabulary(args, 32768))
+        keras.utils.set_random_seed(0)
+        model = StandardCausalLM(
+            standard_backbone(vocabulary_size, "tiny", **trunk), None
+        )
+        model.compile(sampler="greedy")
+        result.update(_generation(model, "standard", args.new_tokens))
+        result["standard_score_tokens_per_s"] = (
+            benchmarking.scoring_tokens_per_s(model, vocabulary_size)
+        )
+    else:  # quantization: "<config>:<mode>"
+        config, mode = kind.split(":")
+        model = build(config, vocabulary_size, args)
+        if mode != "float32":
+            model.quantize(mode)
+        model.compile(sampler="greedy")
+        if hasattr(model, "decoding"):
+            model.decoding = "full"  # a random model: compare table reads
+        result.update(_generation(model, "gen", args.new_tokens))
+        result["table_bytes"] = _table_bytes(model)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _table_bytes(model):
+    """Bytes of the vocabulary-side weights: MHF bucket tables (+ scales),
+    Standard embedding (+ scales)."""
+    if hasattr(model.backbone, "hash_encoder"):
+        encoder = model.backbone.hash_encoder
+        variables = list(encoder.embeddings) + list(
+            getattr(encoder, "embeddings_scale", [])
+        )
+    else:
+        variables = [v for v in model.backbone.token_embedding.weights]
+    return int(
+        sum(
+            int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
+            for v in variables
+        )
+    )
+
+
+def run_inference(args):
+    me = os.path.abspath(__file__)
+    jobs = []
+    if args.inference == "vocabulary":
+        for vocabulary_size in args.vocab:
+            jobs += [("mhf", vocabulary_size), ("standard", vocabulary_size)]
+        jobs.append(("mhf_random", min(args.vocab)))
+    else:
+        for config in args.configs:
+            for mode in ["float32"] + list(args.quantize):
+                jobs.append((f"{config}:{mode}", min(args.vocab)))
+    passthrough = [
+        "--hidden-dim",
+        str(args.hidden_dim),
+        "--num-layers",
+        str(args.num_layers),
+        "--mhf-architecture",
+        args.mhf_architecture,
+        "--new-tokens",
+        str(args.new_tokens),
+    ]
+    if args.mhf_preset:
+        passthrough += ["--mhf-preset", args.mhf_preset]
+    results = []
+    for kind, vocabulary_size in jobs:
+        started = time.time()
+        done = subprocess.run(
+            [
+                sys.executable,
+                me,
+                "--inference-worker",
+                args.inference,
+                kind,
+                str(vocabulary_size),
+            ]
+            + passthrough,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{kind} V={vocabulary_size}:\n{done.stderr[-3000:]}"
+            )
+        result = json.loads(done.stdout.split("RESULT ")[-1])
+        results.append(result)
+        print(
+            f"  {kind:<18} V={vocabulary_size:<8} "
+            f"({time.time() - started:.0f} s) {result}",
+            flush=True,
+        )
+    return results
+
+
+def _by(results, kind, vocabulary_size):
+    return next(
+        (
+            r
+            for r in results
+            if r["kind"] == kind and r["vocabulary_size"] == vocabulary_size
+        ),
+        None,
+    )
+
+
+def vocabulary_report(results, args, png_path):
+    lines = [
+        "| V | MHF candidates ms/token b1 / b8 | MHF full scan b1 / b8 | "
+        "Standard b1 / b8 | Standard / MHF candidates b1 / b8 | fallback "
+        "rate b1 / b8 | MHF score tok/s | Standard score tok/s | MHF / "
+        "Standard score |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for v in args.vocab:
+        m, s = _by(results, "mhf", v), _by(results, "standard", v)
+        lines.append(
+            f"| {v:,} | {m['mhf_candidates_ms_per_token_b1']:.1f} / "
+            f"{m['mhf_candidates_ms_per_token_b8']:.1f} | "
+            f"{m['mhf_full_ms_per_token_b1']:.1f} / "
+            f"{m['mhf_full_ms_per_token_b8']:.1f} | "
+            f"{s['standard_ms_per_token_b1']:.1f} / "
+            f"{s['standard_ms_per_token_b8']:.1f} | "
+            f"{s['standard_ms_per_token_b1'] / m['mhf_candidates_ms_per_token_b1']:.2f} / "  # noqa: E501
+            f"{s['standard_ms_per_token_b8'] / m['mhf_candidates_ms_per_token_b8']:.2f} | "  # noqa: E501
+            f"{m['mhf_candidates_fallback_rate_b1']:.3f} / "
+            f"{m['mhf_candidates_fallback_rate_b8']:.3f} | "
+            f"{m['mhf_score_tokens_per_s']:,.0f} | "
+            f"{s['standard_score_tokens_per_s']:,.0f} | "
+            f"{m['mhf_score_tokens_per_s'] / s['standard_score_tokens_per_s']:.2f} |"  # noqa: E501
+        )
+    base = _by(results, "mhf", min(args.vocab))
+    for v in args.vocab:
+        m = _by(results, "mhf", v)
+        for b in (1, 8):
+            key = f"mhf_candidates_ms_per_token_b{b}"
+            lines.append(
+                f"\nMHF at V={v:,}, batch {b}: {m[key] / base[key]:.2f}x its "
+                f"time per token at V={min(args.vocab):,}."
+            )
+    random = _by(results, "mhf_random", min(args.vocab))
+    lines.append(
+        f"\nFallback rate of an untrained model of the same architecture "
+        f"(V={min(args.vocab):,}): "
+        f"{random['mhf_candidates_fallback_rate_b1']:.3f} (batch 1), "
+        f"{random['mhf_candidates_fallback_rate_b8']:.3f} (batch 8)."
+    )
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "\n".join(lines)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, batch in zip(axes, (1, 8)):
+        for label, kind, key in (
+            ("MHF, candidate decoding", "mhf", "mhf_candidates"),
+            ("MHF, full scan", "mhf", "mhf_full"),
+            ("Standard (Qwen3)", "standard", "standard"),
+        ):
+            values = [
+                _by(results, kind, v)[f"{key}_ms_per_token_b{batch}"]
+                for v in args.vocab
+            ]
+            axis.plot(args.vocab, values, "o-", label=label)
+        axis.set_xscale("log")
+        axis.set_yscale("log")
+        axis.set_xlabel("vocabulary size V")
+        axis.set_ylabel("ms per generated token")
+        axis.set_title(f"batch {batch}")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    lines.append(f"\nPlot: {os.path.basename(png_path)}.")
+    return "\n".join(lines)
+
+
+def quantization_report(results, args):
+    lines = [
+        "| model | weights | gen ms/token b1 | gen ms/token b8 | "
+        "vocabulary-side bytes | speed-up b1 vs float32 |",
+        "|---|---|---|---|---|---|",
+    ]
+    vocabulary_size = min(args.vocab)
+    for config in args.configs:
+        base = _by(results, f"{config}:float32", vocabulary_size)
+        for mode in ["float32"] + list(args.quantize):
+            r = _by(results, f"{config}:{mode}", vocabulary_size)
+            lines.append(
+                f"| {config} | {mode} | {r['gen_ms_per_token_b1']:.1f} | "
+                f"{r['gen_ms_per_token_b8']:.1f} | {r['table_bytes']:,} | "
+                f"{base['gen_ms_per_token_b1'] / r['gen_ms_per_token_b1']:.2f}x |"  # noqa: E501
+            )
+    mhf_config = next(c for c in args.configs if c != "standard")
+    for mode in args.quantize:
+        mhf = _by(results, f"{mhf_config}:{mode}", vocabulary_size)
+        std = _by(results, f"standard:{mode}", vocabulary_size)
+        lines.append(
+            f"\n{mode}: MHF / Standard time per token at batch 1: "
+            f"{mhf['gen_ms_per_token_b1'] / std['gen_ms_per_token_b1']:.2f}x."
+        )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
