@@ -21,8 +21,17 @@ line in log.csv and an atomic checkpoint (OUTPUT/checkpoints/step_NNNNNN);
 rerunning the same command after a crash resumes from the newest complete
 checkpoint and ends with the same weights as an uninterrupted run. A
 non-finite training loss stops the run (exit status 1) and keeps the last
-finite checkpoint. The final model is saved as a KerasHub preset in
-OUTPUT/preset, with OUTPUT/loss.png and OUTPUT/summary.json.
+finite checkpoint. log.csv scores every validation window under the paper's
+rule (scoring temperature 1.0).
+
+At the end, an MHF model is calibrated (unless --no-calibrate): its scoring
+temperature is fitted on the first half of the validation windows, and the
+second half, held out from the fit, is scored under the paper's rule and
+calibrated (summary.json: validation, validation_paper_rule,
+scoring_temperature, calibration, validation_windows). The final model, with
+its temperature, is saved as a KerasHub preset in OUTPUT/preset, with
+OUTPUT/loss.png and OUTPUT/summary.json. The Standard baseline has one
+scoring rule and is never calibrated.
 
 Multi-host (JAX): run the same command on every host with --coordinator
 HOST:PORT --num-processes N --process-id I --distribution data, a prepared
@@ -109,6 +118,14 @@ def build_parser():
         type=int,
         default=64,
         help="held-out windows scored at every checkpoint",
+    )
+    p.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="MHF: keep the paper's scoring rule (temperature 1.0) instead of "
+        "fitting the scoring temperature on the first half of the validation "
+        "windows at the end (the second half is reported either way)",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -249,6 +266,7 @@ def main(argv=None):
             validation_data=_data(args.validation_data),
             validation_fraction=args.validation_fraction,
             validation_blocks=args.validation_blocks,
+            calibrate=args.calibrate,
             checkpoint_every=args.checkpoint_every,
             workers=args.workers,
             mixed_precision=args.mixed_precision,

@@ -9,11 +9,18 @@ Trains, with the same data order, token budget, optimizer, schedule and trunk:
 Standard; Standard+kL (k so that its parameters match MHF H4's, as the paper's
 parameter-matched baseline); MHF H3 with B chosen so its embedding parameters
 match Standard's; MHF H4 B16384; and the single-ID ablation at H4's parameter
-budget (one authors'-rule hash id repeated in all four heads, paper Table 3). It
-reports on the held-out split: perplexity over the real vocabulary, next-token
-top-1 accuracy, last-word (LAMBADA-style) accuracy on held-out passages,
-parameters (embedding / decoder / total) and wall time; writes results.md,
-results.json and val_loss.png (validation loss against training tokens).
+budget (one authors'-rule hash id repeated in all four heads, paper Table 3).
+Every MHF model is calibrated at the end of its run (`recipes/pretrain.py`'s
+default): its scoring temperature is fit on the first half of the validation
+windows. It reports on the second half (held out from that fit, the same
+windows for every model): perplexity over the real vocabulary under the
+paper's rule and calibrated, the temperature, expected calibration error
+(paper's rule / calibrated), next-token top-1 accuracy, last-word
+(LAMBADA-style) accuracy on held-out passages, parameters (embedding / decoder
+/ total), training tokens and wall time; writes results.md, results.json and
+val_loss.png (validation loss against training tokens, paper's rule).
+The Standard baseline has one scoring rule (the softmax of its logits): its
+numbers are in the paper-rule columns and its calibrated columns are "—".
 """
 
 import argparse
@@ -286,7 +293,16 @@ def replicate(
                         k: counted[k]
                         for k in ("embedding", "decoder", "trunk", "total")
                     },
+                    # The model's final rule: calibrated for MHF (unless the
+                    # fit was skipped), the only rule for Standard.
                     "validation": summary["validation"],
+                    # Standard has one rule: the same numbers.
+                    "validation_paper_rule": summary.get(
+                        "validation_paper_rule", summary["validation"]
+                    ),
+                    "calibrated": summary["calibration"]["applied"],
+                    "scoring_temperature": summary["scoring_temperature"],
+                    "validation_windows": summary["validation_windows"],
                     "last_word": last_word,
                     "train_tokens": steps * batch_size * sequence_length,
                     "seconds": round(time.time() - started, 1),
@@ -324,28 +340,63 @@ def _fmt(values, digits):
     return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
+NOT_CALIBRATED = "—"
+
+
+def _calibrated(rs, values, digits):
+    """`_fmt` of the calibrated numbers, or "—" when a run of the model was
+    not calibrated (Standard, or an MHF fit that was skipped)."""
+    if not all(r["calibrated"] for r in rs):
+        return NOT_CALIBRATED
+    return _fmt([values(r) for r in rs], digits)
+
+
 def markdown(runs, seeds):
+    """The results table (one row per model; mean ± std over seeds) and
+    notes on what its columns hold."""
     names = list(dict.fromkeys(r["model"] for r in runs))
     lines = [
-        "| model | embedding | decoder | total params | val perplexity | "
-        "next-token acc | last-word acc | train tokens | wall time (s) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | embedding | decoder | total params | "
+        "val perplexity (paper rule) | val perplexity (calibrated) | "
+        "temperature | ECE (paper rule / calibrated) | next-token acc | "
+        "last-word acc | train tokens | wall time (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         rs = [r for r in runs if r["model"] == name]
         p = rs[0]["parameters"]
+        paper = [r["validation_paper_rule"] for r in rs]
+        paper_perplexity = _fmt([m["perplexity"] for m in paper], 1)
+        paper_ece = _fmt([m["ece"] for m in paper], 3)
+        perplexity = _calibrated(rs, lambda r: r["validation"]["perplexity"], 1)
+        ece = _calibrated(rs, lambda r: r["validation"]["ece"], 3)
+        temperature = _calibrated(rs, lambda r: r["scoring_temperature"], 2)
         lines.append(
             f"| {name} | {p['embedding'] / 1e6:.2f}M | "
             f"{p['decoder'] / 1e6:.3f}M | "
             f"{p['total'] / 1e6:.2f}M | "
-            f"{_fmt([r['validation']['perplexity'] for r in rs], 1)} | "
+            f"{paper_perplexity} | {perplexity} | {temperature} | "
+            f"{paper_ece} / {ece} | "
             f"{_fmt([r['validation']['accuracy'] for r in rs], 3)} | "
             f"{_fmt([r['last_word']['acc'] for r in rs], 3)} | "
             f"{rs[0]['train_tokens']:,} | "
             f"{_fmt([r['seconds'] for r in rs], 0)} |"
         )
+    windows = runs[0]["validation_windows"]
+    fit, reported = windows["calibration_fit"], windows["reported"]
     note = (
-        f"Seeds: {', '.join(str(s) for s in sorted({r['seed'] for r in runs}))}"
+        f"Validation: windows {reported[0]}..{reported[1] - 1} of "
+        f"{windows['windows']} held-out windows of "
+        f"{windows['sequence_length']} tokens, the same for every model; "
+        "each MHF model's scoring temperature was fit on windows "
+        f"{fit[0]}..{fit[1] - 1}, so its calibrated numbers are held out "
+        "from the fit. Paper rule: the sum of the heads' log-probs, "
+        "renormalised over the vocabulary (temperature 1). The Standard "
+        "baseline has one scoring rule (the softmax of its logits), shown "
+        f"in the paper-rule columns; {NOT_CALIBRATED} marks numbers that do "
+        "not exist (not calibrated). Calibration changes neither next-token "
+        "nor last-word accuracy (greedy choices are the same).\n\nSeeds: "
+        + ", ".join(str(s) for s in sorted({r["seed"] for r in runs}))
     )
     if seeds > 1:
         note += " (mean ± sample std over seeds)"
@@ -378,7 +429,7 @@ def plot(runs, path):
         mean = np.mean([c[1] for c in curves], 0)
         ax.plot(tokens, mean, "o-", label=name)
     ax.set_xlabel("training tokens")
-    ax.set_ylabel("validation NLL per token (nats, real vocabulary)")
+    ax.set_ylabel("validation NLL per token (nats, paper rule)")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

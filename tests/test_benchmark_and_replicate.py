@@ -85,7 +85,38 @@ def test_replicate_smoke(tmp_path, openstax_dir):
     table = (tmp_path / "rep" / "results.md").read_text()
     for name in ("standard", "mhf_h4b256", "single_id_h1x4b256"):
         assert f"| {name} |" in table
+    for column in (
+        "val perplexity (paper rule)",
+        "val perplexity (calibrated)",
+        "temperature",
+        "ECE (paper rule / calibrated)",
+        "last-word acc",
+    ):
+        assert column in table
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:]]
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| model")
+    }
+    # Standard: one rule, no calibrated numbers; MHF: both, and a temperature.
+    assert rows["standard"][4] == "—" and rows["standard"][5] == "—"
+    assert rows["standard"][6].endswith("/ —")
+    assert float(rows["mhf_h4b256"][5]) > 0
+    assert "—" not in rows["mhf_h4b256"][6]
     assert (tmp_path / "rep" / "val_loss.png").exists()
     runs = json.loads((tmp_path / "rep" / "results.json").read_text())["runs"]
     single = next(r for r in runs if r["model"].startswith("single_id"))
     assert single["signature_rule"] == "repeated"
+    for run in runs:
+        assert run["validation_windows"]["reported"] == [2, 4]
+        if run["model"] == "standard":
+            assert not run["calibrated"] and run["scoring_temperature"] is None
+            assert run["validation_paper_rule"] == run["validation"]
+        else:
+            assert run["calibrated"]
+            assert (
+                run["scoring_temperature"]
+                == (run["validation"]["scoring_temperature"])
+            )
+            paper = run["validation_paper_rule"]
+            assert paper == run["validation"]["paper_rule"]

@@ -130,6 +130,17 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert '"finished": true' in done.stdout
+    # A 1x8 mesh splits the model axis 8 ways, which 4 query heads do not
+    # divide: the recipe fits the layout to the model (those dimensions are
+    # replicated) instead of failing inside JAX when the weights are made.
+    command = list(done.args)
+    command[command.index("--output") + 1] = str(tmp_path / "run_1x8")
+    command[command.index("--mesh") + 1] = "1x8"
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=env
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert '"finished": true' in done.stdout
 
 
 @JAX_ONLY

@@ -8,24 +8,38 @@ import types
 import numpy as np
 import pytest
 
-from keras_mhf import pretraining
 from keras_mhf.data import PreparedCorpus
 from keras_mhf.data import pack_documents
 from keras_mhf.data import prepare_data
 from keras_mhf.data import read_documents
+from keras_mhf.data import validation_windows
+from keras_mhf.evaluation import paper_rule
+from keras_mhf.evaluation import perplexity
+from keras_mhf.models import MultiHashFormerCausalLM
+from keras_mhf.pretraining import WEIGHTS_FILE
 from keras_mhf.pretraining import RunConfig
 from keras_mhf.pretraining import RunConfigError
+from keras_mhf.pretraining import data as run_data
 from keras_mhf.pretraining import pretrain
 from keras_mhf.pretraining import tokenizer_training_sample
 from tests.conftest import REPO
+from tests.pretraining_helpers import CALIBRATED_RUN
 from tests.pretraining_helpers import RUN
 from tests.pretraining_helpers import assert_same_state
 from tests.pretraining_helpers import compilation_cache
 from tests.pretraining_helpers import prepared_corpus
 from tests.pretraining_helpers import reference_run
+from tests.pretraining_helpers import run_flags
 from tests.pretraining_helpers import state_of
+from tests.pretraining_helpers import weights_in
 from tests.pretraining_helpers import write_documents
 from tests.pretraining_helpers import write_tokenizer
+
+# `RUN`'s 4 validation windows are too few to calibrate on: its finished MHF
+# runs skip calibration with this warning (tested on its own).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The scoring temperature was not calibrated:UserWarning"
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -84,6 +98,128 @@ def test_a_run_streams_from_the_prepared_corpus_and_logs_each_checkpoint(
         assert os.path.exists(os.path.join(output, name)), name
 
 
+def test_a_finished_mhf_run_is_calibrated_on_held_out_windows(
+    reference, corpus
+):
+    _, output = reference
+    length = CALIBRATED_RUN["sequence_length"]
+    batch_size = CALIBRATED_RUN["batch_size"]
+    with open(os.path.join(output, "summary.json")) as f:
+        summary = json.load(f)
+    calibration = summary["calibration"]
+    assert calibration["applied"]
+    tau = summary["scoring_temperature"]
+    assert tau == calibration["temperature"] and tau != 1.0
+    # Fit on the first half of the 16 windows, report the second half.
+    windows = summary["validation_windows"]
+    assert windows["calibration_fit"] == calibration["fit_windows"] == [0, 8]
+    assert windows["reported"] == [8, 16]
+    assert calibration["tokens"] == 8 * length
+    validation = summary["validation"]
+    paper = summary["validation_paper_rule"]
+    assert validation["tokens"] == paper["tokens"] == 8 * length
+    assert validation["scoring_temperature"] == tau
+    assert validation["paper_rule"] == paper
+    assert validation["loss"] <= paper["loss"]  # held out from the fit
+    # The preset stores the temperature and reproduces the reported numbers.
+    lm = MultiHashFormerCausalLM.from_preset(summary["preset"])
+    assert lm.scoring_temperature == tau
+    blocks = validation_windows(corpus[0], length, count=16)
+    reported = perplexity(lm, blocks[8:], batch_size)
+    assert reported["loss"] == pytest.approx(validation["loss"], rel=1e-5)
+    # log.csv scores every window under the paper's rule.
+    with paper_rule(lm):
+        logged = perplexity(lm, blocks, batch_size)["loss"]
+    calibrated = perplexity(lm, blocks, batch_size)["loss"]
+    last = float(read_log(summary["log"])[-1]["val_loss"])
+    assert last == pytest.approx(logged, rel=1e-5)
+    assert last != pytest.approx(calibrated, rel=1e-5)
+
+
+def test_no_calibrate_keeps_the_paper_rule_and_training_is_the_same(
+    tmp_path, reference, corpus, capsys
+):
+    output = tmp_path / "run"
+    status, out, err = recipe_main(
+        ["--data", corpus[0], "--output", output, "--no-calibrate"]
+        + run_flags(CALIBRATED_RUN),
+        capsys,
+    )
+    assert status == 0, err[-3000:]
+    summary = json.loads(out[out.index("{") :])
+    assert summary["calibration"]["applied"] is False
+    assert "--no-calibrate" in summary["calibration"]["reason"]
+    assert summary["scoring_temperature"] == 1.0
+    lm = MultiHashFormerCausalLM.from_preset(summary["preset"])
+    assert lm.scoring_temperature == 1.0
+    assert summary["validation"] == summary["validation_paper_rule"]
+    # Calibrating the reference run changed no checkpoint and no training
+    # number: the same weights, log and paper-rule validation.
+    _, calibrated = reference
+    with open(os.path.join(calibrated, "summary.json")) as f:
+        calibrated_summary = json.load(f)
+    for name in ("loss", "perplexity", "accuracy", "ece"):
+        assert summary["validation_paper_rule"][name] == pytest.approx(
+            calibrated_summary["validation_paper_rule"][name], rel=1e-6
+        )
+
+    def final_weights(run):
+        return weights_in(
+            os.path.join(run, "checkpoints", "step_000004", WEIGHTS_FILE)
+        )
+
+    weights, expected = final_weights(output), final_weights(calibrated)
+    assert sorted(weights) == sorted(expected)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(value, expected[name])
+
+    def without_seconds(run):
+        rows = read_log(os.path.join(run, "log.csv"))
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+    assert without_seconds(output) == without_seconds(calibrated)
+
+
+def test_rerunning_a_finished_run_calibrates_to_the_same_temperature(
+    tmp_path, reference, corpus
+):
+    _, source = reference
+    output = tmp_path / "run"
+    shutil.copytree(
+        os.path.join(source, "checkpoints", "step_000004"),
+        output / "checkpoints" / "step_000004",
+    )
+    lm, summary = pretrain(corpus[0], str(output), **CALIBRATED_RUN)
+    assert summary["finished"] and summary["step"] == CALIBRATED_RUN["steps"]
+    with open(os.path.join(source, "summary.json")) as f:
+        first = json.load(f)
+    assert summary["scoring_temperature"] == first["scoring_temperature"]
+    assert lm.scoring_temperature == first["scoring_temperature"]
+    assert summary["validation"]["loss"] == pytest.approx(
+        first["validation"]["loss"], rel=1e-6
+    )
+
+
+def test_too_few_validation_windows_skip_calibration_with_a_warning(tiny_lm):
+    from keras_mhf.pretraining.validation import validate_final_model
+
+    config = RunConfig("d", "o", sequence_length=16, batch_size=4)
+    rng = np.random.default_rng(0)
+    data = types.SimpleNamespace(
+        validation_blocks=rng.integers(3, 100, (4, 17)).astype("int32")
+    )
+    with pytest.warns(
+        UserWarning,
+        match=r"not calibrated: .* 32 predicted tokens .* --validation-blocks "
+        r"14 or more",
+    ):
+        results = validate_final_model(config, tiny_lm, data)
+    assert results["calibration"]["applied"] is False
+    assert results["scoring_temperature"] == tiny_lm.scoring_temperature == 1
+    assert results["validation_windows"]["reported"] == [2, 4]
+    assert results["validation"]["tokens"] == 2 * 16
+
+
 def test_resume_after_a_crash_gives_identical_weights(
     tmp_path, reference, corpus
 ):
@@ -122,7 +258,7 @@ def test_raw_text_is_prepared_into_the_output_and_reused(tmp_path, monkeypatch):
         raise AssertionError("the corpus was tokenized again")
 
     monkeypatch.setattr("keras_mhf.data.prepare._run", no_tokenizing)
-    monkeypatch.setattr(pretraining, "train_sentencepiece", no_tokenizing)
+    monkeypatch.setattr(run_data, "train_sentencepiece", no_tokenizing)
     _, second = pretrain(text, str(output), **settings)
     assert second["finished"]
     assert index.stat().st_mtime_ns == stamp
@@ -206,6 +342,7 @@ def test_a_corpus_shorter_than_one_window_is_refused(tmp_path, corpus):
         (dict(architecture="tiny"), "has no hash part"),
         (dict(architecture="huge_h3b5"), "Unknown architecture"),
         (dict(steps=2.5), "--steps must be an integer"),
+        (dict(calibrate="yes"), "calibrate must be True or False"),
     ],
 )
 def test_invalid_settings_are_refused_before_anything_is_written(
@@ -300,9 +437,20 @@ def test_standard_baseline_and_cli(tmp_path, corpus, capsys):
     assert summary["finished"] and summary["model"] == "standard"
     assert os.path.exists(summary["preset"])
     assert np.isfinite(summary["validation"]["perplexity"])
+    # The Standard baseline has one scoring rule: never calibrated.
+    assert summary["calibration"]["applied"] is False
+    assert "Standard" in summary["calibration"]["reason"]
+    assert summary["scoring_temperature"] is None
+    assert "validation_paper_rule" not in summary
+    assert "paper_rule" not in summary["validation"]
     status, help_text, _ = recipe_main(["--help"], capsys)
     assert status == 0
-    for flag in ("--checkpoint-every", "--coordinator", "--process-id"):
+    for flag in (
+        "--checkpoint-every",
+        "--coordinator",
+        "--process-id",
+        "--no-calibrate",
+    ):
         assert flag in help_text
     assert "prepared corpus directory" in help_text and "raw text" in help_text
 

@@ -17,12 +17,13 @@ import keras
 import numpy as np
 import pytest
 
-from keras_mhf import pretraining
 from keras_mhf.pretraining import CheckpointError
 from keras_mhf.pretraining import NonFiniteTrainingError
 from keras_mhf.pretraining import NonFiniteWeightsError
 from keras_mhf.pretraining import RunConfigError
+from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining import pretrain
+from keras_mhf.pretraining import training
 from tests.conftest import REPO
 from tests.pretraining_helpers import RUN
 from tests.pretraining_helpers import assert_same_state
@@ -31,6 +32,12 @@ from tests.pretraining_helpers import compilation_cache_env
 from tests.pretraining_helpers import prepared_corpus
 from tests.pretraining_helpers import reference_run
 from tests.pretraining_helpers import state_of
+
+# `RUN`'s 4 validation windows are too few to calibrate on: its finished MHF
+# runs skip calibration with this warning (tested on its own).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The scoring temperature was not calibrated:UserWarning"
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -88,28 +95,32 @@ def truncate(path):
 KILLED_CHILD = """
 import os, signal, sys
 from keras_mhf import pretraining
+from keras_mhf.pretraining import hooks
 
 def kill(name, path=None, **info):
     if name == "weights_written" and "step_000002" in str(path):
         os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind
 
-pretraining._event = kill
+hooks.event = kill
 pretraining.pretrain(sys.argv[1], sys.argv[2], **{run})
 raise SystemExit("the run was not killed")
 """
 
 
 def killing_at(event, step, cut_short=False):
-    """An `_event` hook that kills the run (raises `Killed`) at `event` of
-    the checkpoint of `step`, first cutting the weights file short when
-    `cut_short` (a kill in the middle of writing it)."""
+    """A `hooks.event` hook that kills the run (raises `Killed`) at `event`
+    of the checkpoint of `step`, first cutting the weights file short when
+    `cut_short` (a kill in the middle of writing it). Its `calls` lists the
+    events it saw, so a test can check that the run still calls it."""
 
     def kill(name, path=None, **info):
+        kill.calls.append(name)
         if name == event and f"step_{step:06d}" in str(path):
             if cut_short:
                 truncate(path)
             raise Killed(f"{event} at step {step}")
 
+    kill.calls = []
     return kill
 
 
@@ -118,8 +129,8 @@ def test_a_run_killed_at_every_point_of_a_checkpoint_write_resumes_exactly(
 ):
     """One run, killed again and again, each time at another point of a
     checkpoint write, and resumed each time: the first kill is a real
-    SIGKILL of a subprocess, the others come from the `_event` hook. It must
-    end with the uninterrupted run's weights and optimizer state."""
+    SIGKILL of a subprocess, the others come from the `hooks.event` hook. It
+    must end with the uninterrupted run's weights and optimizer state."""
     output = str(tmp_path / "run")
     script = textwrap.dedent(KILLED_CHILD).replace("{run}", repr(RUN))
     done = subprocess.run(
@@ -130,6 +141,7 @@ def test_a_run_killed_at_every_point_of_a_checkpoint_write_resumes_exactly(
         cwd=str(REPO),
         env=env,
     )
+    # Only the hook kills the child (it exits 1 if the run ends unkilled).
     assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
 
     def temporary_and(*complete):
@@ -141,25 +153,25 @@ def test_a_run_killed_at_every_point_of_a_checkpoint_write_resumes_exactly(
     # SIGKILL between the weights and the state of step 2.
     temporary_and(1)
     # Killed in the middle of writing the weights of step 2, again.
-    monkeypatch.setattr(
-        pretraining, "_event", killing_at("weights_written", 2, True)
-    )
+    kill = killing_at("weights_written", 2, True)
+    monkeypatch.setattr(hooks, "event", kill)
     with pytest.raises(Killed):
         pretrain(corpus[0], output, **RUN)
+    assert kill.calls[-1] == "weights_written"  # the run called the hook
     temporary_and(1)
     # Killed once step 3's directory is complete, before its rename.
-    monkeypatch.setattr(
-        pretraining, "_event", killing_at("checkpoint_complete", 3)
-    )
+    kill = killing_at("checkpoint_complete", 3)
+    monkeypatch.setattr(hooks, "event", kill)
     with pytest.raises(Killed):
         pretrain(corpus[0], output, **RUN)
+    assert kill.calls[-1] == "checkpoint_complete"
     temporary_and(1, 2)
     # Killed after the rename of step 3, before older ones are pruned.
-    monkeypatch.setattr(
-        pretraining, "_event", killing_at("checkpoint_renamed", 3)
-    )
+    kill = killing_at("checkpoint_renamed", 3)
+    monkeypatch.setattr(hooks, "event", kill)
     with pytest.raises(Killed):
         pretrain(corpus[0], output, **RUN)
+    assert kill.calls[-1] == "checkpoint_renamed"
     assert checkpoints(output) == ["step_000001", "step_000002", "step_000003"]
     monkeypatch.undo()
     lm, summary = pretrain(corpus[0], output, **RUN)
@@ -361,7 +373,8 @@ def test_a_resumed_run_never_replaces_a_good_checkpoint_with_a_bad_one(
 def test_non_finite_weights_are_never_checkpointed(
     tmp_path, corpus, monkeypatch
 ):
-    real_train_chunk = pretraining.train_chunk
+    real_train_chunk = training.train_chunk
+    poisoned = []
 
     def poisoning_train_chunk(config, lm, data, first, last):
         history = real_train_chunk(config, lm, data, first, last)
@@ -370,12 +383,14 @@ def test_non_finite_weights_are_never_checkpointed(
             value = np.array(keras.ops.convert_to_numpy(variable.value))
             value.flat[0] = np.nan
             variable.assign(value)
+            poisoned.append(variable.path)
         return history
 
-    monkeypatch.setattr(pretraining, "train_chunk", poisoning_train_chunk)
+    monkeypatch.setattr(training, "train_chunk", poisoning_train_chunk)
     output = str(tmp_path / "run")
     with pytest.raises(NonFiniteWeightsError, match="by step 2") as error:
         pretrain(corpus[0], output, **RUN)
+    assert len(poisoned) == 1  # the run trained through the patched chunk
     assert error.value.checkpoint.endswith("step_000001")
     assert checkpoints(output) == ["step_000001"]
     assert "Rerun with a lower --learning-rate" in str(error.value)

@@ -68,7 +68,7 @@ print(json.dumps({"returncode": done.returncode, "peak_kb": peak_kb,
 # The recipe, printing the time at the end of its first training step.
 TIMED_RECIPE = """
 import runpy, sys, time
-from keras_mhf import pretraining
+from keras_mhf.pretraining import hooks
 
 first = []
 
@@ -77,7 +77,7 @@ def event(name, **info):
         first.append(time.time())
         print(f"FIRST_STEP_DONE {first[0]:.3f}", flush=True)
 
-pretraining._event = event
+hooks.event = event
 sys.argv = [sys.argv[1]] + sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -2,6 +2,10 @@
 real English text that ships with Python itself (the interpreter's bundled
 documentation, `pydoc_data.topics`), then generate, evaluate and export.
 
+The MHF run calibrates its scoring temperature at the end (on the validation
+slice); the evaluation, on a separate test slice, reports perplexity under the
+paper's rule and calibrated, ECE, next-token and last-word accuracy.
+
     bash tools/quickstart.sh                 # sets up .venv, then runs this
     bash tools/quickstart.sh --data my.jsonl --steps 600
 """
@@ -30,6 +34,44 @@ def write_jsonl(documents, path):
     with open(path, "w", encoding="utf-8") as f:
         f.writelines(json.dumps({"text": d}) + "\n" for d in documents)
     return path
+
+
+def describe_evaluation(perplexity, last_word, summary):
+    """One line of the evaluation: perplexity under the paper's rule and
+    calibrated (MHF), the fitted temperature, ECE, next-token and last-word
+    accuracy, parameters.
+
+    Args:
+        perplexity: `evaluate_preset`'s perplexity metrics of the model.
+        last_word: its last-word (`lambada`) metrics.
+        summary: the model's pre-training summary (`scoring_temperature`,
+            `calibration`, `parameters`).
+    """
+    # A calibrated model's metrics are under its temperature, with the
+    # paper's rule nested; otherwise there is one rule.
+    paper = perplexity.get("paper_rule", perplexity)
+    accuracies = (
+        f"next-token accuracy {perplexity['accuracy']:.3f}; last-word "
+        f"accuracy {last_word['acc']:.3f}; "
+        f"{summary['parameters']:,} parameters"
+    )
+    if summary["scoring_temperature"] is None:
+        return (
+            f"perplexity {perplexity['perplexity']:.1f} (one scoring rule), "
+            f"ECE {perplexity['ece']:.3f}; {accuracies}"
+        )
+    if not summary["calibration"]["applied"]:
+        return (
+            f"perplexity {paper['perplexity']:.1f} (paper rule; not "
+            f"calibrated: {summary['calibration']['reason']}), ECE "
+            f"{paper['ece']:.3f}; {accuracies}"
+        )
+    return (
+        f"perplexity {paper['perplexity']:.1f} (paper rule) / "
+        f"{perplexity['perplexity']:.1f} (calibrated, temperature "
+        f"{summary['scoring_temperature']:.3f}), ECE {paper['ece']:.3f} / "
+        f"{perplexity['ece']:.3f}; {accuracies}"
+    )
 
 
 def main(argv=None):
@@ -66,23 +108,27 @@ def main(argv=None):
         os.path.join(args.output, "python_docs.txt")
     )
     documents = list(read_documents(data))
-    held_out = documents[-max(1, len(documents) // 20) :]
+    # Two held-out slices of the last documents: the validation slice (the
+    # runs' validation windows; the MHF run fits its scoring temperature on
+    # the first half of them) and the test slice, which neither training nor
+    # calibration sees, for the evaluation below.
+    size = max(1, len(documents) // 20)
+    held_out = documents[-size:]
+    validation = documents[-2 * size : -size]
+    train = documents[: len(documents) - 2 * size]
     print(
         f"Backend: {keras.config.backend()}. Corpus: {data} "
         f"({len(documents)} documents, "
-        f"{sum(map(len, documents)):,} characters); "
-        f"the last {len(held_out)} are held out."
+        f"{sum(map(len, documents)):,} characters); of the last "
+        f"{2 * size}, {len(validation)} are the validation slice (validation "
+        f"and calibration) and {len(held_out)} the test slice (evaluation)."
     )
-    # The training and held-out documents as separate files: the MHF run
-    # prepares them (tokenizer, token shards) once, the Standard run reuses
-    # that prepared corpus, and the evaluation below scores the same
-    # held-out documents.
-    train_path = write_jsonl(
-        documents[: len(documents) - len(held_out)],
-        os.path.join(args.output, "train.jsonl"),
-    )
-    held_out_jsonl = write_jsonl(
-        held_out, os.path.join(args.output, "held_out.jsonl")
+    # The training and validation documents as separate files: the MHF run
+    # prepares them (tokenizer, token shards) once and the Standard run
+    # reuses that prepared corpus.
+    train_path = write_jsonl(train, os.path.join(args.output, "train.jsonl"))
+    validation_jsonl = write_jsonl(
+        validation, os.path.join(args.output, "validation.jsonl")
     )
 
     runs, models = {}, {}
@@ -96,7 +142,7 @@ def main(argv=None):
             train_path if first else runs["mhf"]["data"],
             os.path.join(args.output, name),
             tokenizer=None if first else runs["mhf"]["tokenizer"],
-            validation_data=held_out_jsonl if first else None,
+            validation_data=validation_jsonl if first else None,
             vocabulary_size=args.vocabulary_size,
             model=model,
             architecture=arch,
@@ -116,7 +162,10 @@ def main(argv=None):
     standard.compile(sampler="greedy")
     print("Standard:", standard.generate(args.prompt, max_length=40))
 
-    print("\n=== Evaluation on the held-out slice ===")
+    print(
+        "\n=== Evaluation on the test slice (unseen in training and "
+        "calibration) ==="
+    )
     held_out_path = os.path.join(args.output, "held_out.txt")
     with open(held_out_path, "w", encoding="utf-8") as f:
         f.write("\n\n".join(held_out))
@@ -138,14 +187,13 @@ def main(argv=None):
     with open(os.path.join(args.output, "evaluation.json"), "w") as f:
         json.dump(results, f, indent=2)
     for name, r in results.items():
-        ppl = r[f"perplexity:{held_out_path}"]
-        last_word = r[f"lambada:{lambada_path}"]
         print(
-            f"{name:<9} perplexity {ppl['perplexity']:.1f} (next-token "
-            f"accuracy {ppl['accuracy']:.3f}); last-word accuracy "
-            f"{last_word['acc']:.3f}, "
-            f"last-word perplexity {last_word['perplexity']:.1f}; "
-            f"{runs[name]['parameters']:,} parameters"
+            f"{name:<9} "
+            + describe_evaluation(
+                r[f"perplexity:{held_out_path}"],
+                r[f"lambada:{lambada_path}"],
+                runs[name],
+            )
         )
 
     print("\n=== Export ===")

@@ -1,0 +1,417 @@
+"""Checkpoints of a pre-training run: atomic directories
+`OUTPUT/checkpoints/step_NNNNNN/` holding the weights (model and optimizer
+state, `model.weights.h5`) and the run state (`state.json`: step, chunk, the
+settings that must not change, the weights' size and sha256).
+
+Each is written under a temporary name, flushed to disk and renamed in one
+atomic step; older ones are pruned only after that (the last
+`KEEP_CHECKPOINTS` are kept). `resume` loads the newest complete one;
+nothing non-finite is ever written (`check_finite`).
+"""
+
+import json
+import math
+import os
+import re
+import shutil
+import warnings
+
+import keras
+import numpy as np
+
+from keras_mhf.pretraining import hooks
+from keras_mhf.pretraining.config import is_primary
+from keras_mhf.pretraining.config import process_layout
+from keras_mhf.pretraining.config import writing_alone
+from keras_mhf.pretraining.errors import CheckpointError
+from keras_mhf.pretraining.errors import NonFiniteWeightsError
+from keras_mhf.pretraining.errors import RunConfigError
+from keras_mhf.pretraining.files import file_sha256
+from keras_mhf.pretraining.files import fsync_directory
+from keras_mhf.pretraining.files import fsync_file
+from keras_mhf.pretraining.files import write_atomically
+from keras_mhf.pretraining.logs import trim_log
+
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_FORMAT = "keras_mhf.pretraining_checkpoint"
+CHECKPOINT_VERSION = 1
+WEIGHTS_FILE = "model.weights.h5"
+STATE_FILE = "state.json"
+KEEP_CHECKPOINTS = 2
+_CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+_TEMPORARY_PREFIX = ".tmp-"
+_UNUSABLE_SUFFIX = ".unusable"
+
+
+def run_settings(config, data):
+    """The settings a checkpoint must share with the run that resumes it:
+    they decide the model, the data of every step and the schedule's
+    length. (The optimizer's learning rate, warmup and weight decay may
+    change on resume, e.g. to continue a diverged run more gently.)
+
+    Example:
+
+    ```python
+    run_settings(config, data)["batch_size"]  # == config.batch_size
+    ```
+    """
+    return {
+        "model": config.model,
+        "architecture": config.architecture,
+        "extra_layers": config.extra_layers,
+        "signature_rule": config.signature_rule,
+        "sequence_length": config.sequence_length,
+        "batch_size": config.batch_size,
+        "steps": config.steps,
+        "seed": config.seed,
+        "mixed_precision": bool(config.mixed_precision),
+        "data": data.fingerprint,
+    }
+
+
+def _optimizer_settings(config):
+    return {
+        "learning_rate": config.learning_rate,
+        "warmup_steps": config.warmup_steps,
+        "weight_decay": config.weight_decay,
+    }
+
+
+def checkpoint_directory(config, step):
+    """`OUTPUT/checkpoints/step_NNNNNN` of a global step.
+
+    Example:
+
+    ```python
+    checkpoint_directory(config, 4)  # "runs/mhf/checkpoints/step_000004"
+    ```
+    """
+    return os.path.join(config.path(CHECKPOINTS), f"step_{step:06d}")
+
+
+def list_checkpoints(config):
+    """`[(step, directory)]` of the checkpoint directories (complete by
+    construction: only an atomic rename gives them their name), newest
+    first.
+
+    Example:
+
+    ```python
+    [step for step, _ in list_checkpoints(config)]  # e.g. [300, 250]
+    ```
+    """
+    root = config.path(CHECKPOINTS)
+    if not os.path.isdir(root):
+        return []
+    found = []
+    for name in os.listdir(root):
+        match = _CHECKPOINT_NAME.match(name)
+        if match and os.path.isdir(os.path.join(root, name)):
+            found.append((int(match.group(1)), os.path.join(root, name)))
+    return sorted(found, reverse=True)
+
+
+def read_checkpoint(directory):
+    """The run state of a checkpoint directory, after checking that its
+    weights file has the size and sha256 the state records.
+
+    Raises:
+        CheckpointError: unreadable state, or weights that are missing,
+            truncated or damaged.
+
+    Example:
+
+    ```python
+    read_checkpoint("runs/mhf/checkpoints/step_000300")["step"]  # 300
+    ```
+    """
+    state_path = os.path.join(directory, STATE_FILE)
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"its {STATE_FILE} is unreadable ({error})")
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"its {STATE_FILE} is not a checkpoint state")
+    if state.get("format_version") != CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"it has format version {state.get('format_version')!r}, this "
+            f"keras_mhf reads {CHECKPOINT_VERSION}"
+        )
+    weights = os.path.join(directory, state["weights"]["file"])
+    if not os.path.isfile(weights):
+        raise CheckpointError(f"{weights} is missing")
+    size = os.path.getsize(weights)
+    if size != state["weights"]["bytes"]:
+        raise CheckpointError(
+            f"{weights} has {size} bytes, the state records "
+            f"{state['weights']['bytes']} (truncated or damaged)"
+        )
+    if file_sha256(weights) != state["weights"]["sha256"]:
+        raise CheckpointError(
+            f"{weights} does not match the sha256 its state records (damaged)"
+        )
+    return state
+
+
+def latest_checkpoint(config):
+    """`(directory, state)` of the newest usable checkpoint, or `None` when
+    there is none.
+
+    An unusable newer checkpoint (damaged weights, unreadable state) is
+    renamed `step_NNNNNN.unusable` with a warning naming it, and the previous
+    one is used.
+
+    Raises:
+        CheckpointError: checkpoints exist but none is usable.
+
+    Example:
+
+    ```python
+    found = latest_checkpoint(config)
+    step = found[1]["step"] if found else 0
+    ```
+    """
+    unusable = []
+    for step, directory in list_checkpoints(config):
+        try:
+            state = read_checkpoint(directory)
+        except CheckpointError as error:
+            unusable.append(f"{directory}: {error}")
+            aside = directory + _UNUSABLE_SUFFIX
+            if is_primary():
+                if os.path.exists(aside):
+                    shutil.rmtree(aside)
+                os.replace(directory, aside)
+            warnings.warn(
+                f"The checkpoint {directory} (step {step}) is unusable "
+                f"({error}); it was moved to {aside} and the previous "
+                "complete checkpoint is used instead.",
+                stacklevel=2,
+            )
+            continue
+        return directory, state
+    if unusable:
+        raise CheckpointError(
+            f"{config.output_dir} holds checkpoints, but none can be loaded: "
+            + "; ".join(unusable)
+            + ". Nothing was loaded. Use a new --output, or delete "
+            f"{config.path(CHECKPOINTS)} to train from scratch."
+        )
+    return None
+
+
+def _remove_stale(config):
+    """Removes temporary checkpoint directories that a killed run left."""
+    root = config.path(CHECKPOINTS)
+    if not os.path.isdir(root) or not is_primary():
+        return
+    for name in os.listdir(root):
+        if name.startswith(_TEMPORARY_PREFIX):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def _differences(found, wanted):
+    keys = [k for k in wanted if found.get(k) != wanted[k]]
+    return "; ".join(
+        f"{k}: {str(found.get(k))[:16]} in the checkpoint, now "
+        f"{str(wanted[k])[:16]}"
+        for k in keys
+    )
+
+
+def resume(config, lm, data):
+    """Step "resume": loads the newest complete checkpoint of
+    `config.output_dir` into `lm` (weights and optimizer state) and returns
+    the global step to continue from (0 for a new run).
+
+    Raises:
+        RunConfigError: the checkpoint belongs to a run with other settings
+            (see `run_settings`), or the directory holds a checkpoint of an
+            earlier keras_mhf layout.
+        CheckpointError: there are checkpoints but none is usable.
+
+    Example:
+
+    ```python
+    lm = build_run_model(config, data.tokenizer)
+    step = resume(config, lm, data)  # 0, or the newest checkpoint's step
+    ```
+    """
+    if os.path.exists(config.path("checkpoint.json")):
+        raise RunConfigError(
+            f"{config.output_dir} holds a checkpoint of an earlier keras_mhf "
+            "version (checkpoint.json, checkpoint.weights.h5), which this "
+            "version cannot resume; use a new --output."
+        )
+    _remove_stale(config)
+    found = latest_checkpoint(config)
+    if found is None:
+        _check_same_step_everywhere(0)
+        if os.path.exists(config.path("log.csv")) and is_primary():
+            os.remove(config.path("log.csv"))
+        return 0
+    directory, state = found
+    _check_same_step_everywhere(state["step"])
+    wanted = run_settings(config, data)
+    if state["settings"] != wanted:
+        raise RunConfigError(
+            f"{config.output_dir} holds a checkpoint (step {state['step']}) "
+            "of a run with different settings ("
+            + _differences(state["settings"], wanted)
+            + "). Rerun with the settings it was made with to resume it, or "
+            "use a new --output."
+        )
+    changed = _differences(state["optimizer"], _optimizer_settings(config))
+    if changed:
+        warnings.warn(
+            f"Resuming from step {state['step']} with other optimizer "
+            f"settings ({changed}); the run is no longer the same as an "
+            "uninterrupted one.",
+            stacklevel=2,
+        )
+    lm.optimizer.build(lm.trainable_variables)
+    lm.load_weights(os.path.join(directory, state["weights"]["file"]))
+    trim_log(config, state["step"])
+    if config.verbose:
+        print(f"Resuming from step {state['step']} ({directory}).")
+    return state["step"]
+
+
+def _check_same_step_everywhere(step):
+    """In a multi-process job, every process must resume from the same
+    checkpoint (process 0 writes them; the others read them)."""
+    if process_layout()[1] == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    steps = np.asarray(
+        multihost_utils.process_allgather(np.array([step], np.int64))
+    ).reshape(-1)
+    if len(set(steps.tolist())) > 1:
+        raise RunConfigError(
+            "The processes found different checkpoints to resume from (steps "
+            f"{steps.tolist()} for processes 0..{len(steps) - 1}): --output "
+            "must be a directory that every process sees (a shared "
+            "filesystem), since process 0 writes the checkpoints."
+        )
+
+
+def _non_finite_variables(lm):
+    """Paths of model and optimizer variables holding NaN or infinity."""
+    variables = list(lm.weights)
+    if lm.optimizer is not None:
+        variables += list(lm.optimizer.variables)
+    bad = []
+    for variable in variables:
+        value = np.asarray(keras.ops.convert_to_numpy(variable.value))
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            bad.append(variable.path)
+    return bad
+
+
+def check_finite(config, lm, step, what):
+    bad = _non_finite_variables(lm)
+    if bad:
+        kept = latest_checkpoint(config)
+        raise NonFiniteWeightsError(
+            f"the weights became non-finite by step {step} ({len(bad)} "
+            f"variables, e.g. {bad[0]}) although the training loss stayed "
+            f"finite; no {what} was written from them. "
+            + what_now(config, kept),
+            step,
+            kept[0] if kept else None,
+        )
+
+
+def what_now(config, kept):
+    return (
+        _kept_message(kept) + " Rerun with a lower --learning-rate (it was "
+        f"{config.learning_rate:g}) to resume from "
+        + ("there" if kept else "the start")
+        + ", or start again with a new --output."
+    )
+
+
+def _kept_message(kept):
+    if kept is None:
+        return "No checkpoint had been written yet."
+    directory, state = kept
+    return (
+        f"The last finite checkpoint (step {state['step']}) is kept in "
+        f"{directory}."
+    )
+
+
+def save_checkpoint(config, lm, data, step, train_loss=None):
+    """Step "checkpoint": writes weights (model and optimizer state) and the
+    run state as one directory, atomically, then prunes older checkpoints
+    (the last `KEEP_CHECKPOINTS` are kept). Only process 0 writes.
+
+    The directory is written as `checkpoints/.tmp-step_NNNNNN-PID/`
+    (`model.weights.h5`, then `state.json` with the weights' size and
+    sha256), flushed to disk, and renamed `checkpoints/step_NNNNNN/`.
+
+    Raises:
+        NonFiniteWeightsError: a weight is NaN or infinite (nothing is
+            written).
+
+    Returns:
+        The checkpoint directory.
+
+    Example:
+
+    ```python
+    save_checkpoint(config, lm, data, step=100)  # .../step_000100
+    ```
+    """
+    check_finite(config, lm, step, "checkpoint")
+    final = checkpoint_directory(config, step)
+    if not is_primary():
+        return final
+    root = config.path(CHECKPOINTS)
+    os.makedirs(root, exist_ok=True)
+    temporary = os.path.join(
+        root, f"{_TEMPORARY_PREFIX}{os.path.basename(final)}-{os.getpid()}"
+    )
+    if os.path.exists(temporary):
+        shutil.rmtree(temporary)
+    os.makedirs(temporary)
+    weights = os.path.join(temporary, WEIGHTS_FILE)
+    with writing_alone():
+        lm.save_weights(weights)
+    hooks.event("weights_written", path=weights)
+    fsync_file(weights)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "format_version": CHECKPOINT_VERSION,
+        "step": step,
+        "chunk": math.ceil(step / config.checkpoint_every),
+        "tokens_seen": step * config.batch_size * config.sequence_length,
+        "train_loss": None if train_loss is None else float(train_loss),
+        "settings": run_settings(config, data),
+        "optimizer": _optimizer_settings(config),
+        "weights": {
+            "file": WEIGHTS_FILE,
+            "bytes": os.path.getsize(weights),
+            "sha256": file_sha256(weights),
+        },
+    }
+    write_atomically(
+        os.path.join(temporary, STATE_FILE),
+        json.dumps(state, indent=1).encode("utf-8"),
+    )
+    fsync_directory(temporary)
+    hooks.event("checkpoint_complete", path=temporary)
+    if os.path.exists(final):  # only an unusable leftover can be there
+        shutil.rmtree(final)
+    os.replace(temporary, final)
+    fsync_directory(root)
+    hooks.event("checkpoint_renamed", path=final)
+    for _, old in list_checkpoints(config)[KEEP_CHECKPOINTS:]:
+        doomed = os.path.join(
+            root, f"{_TEMPORARY_PREFIX}prune-{os.path.basename(old)}"
+        )
+        os.replace(old, doomed)  # atomic: never seen half deleted
+        shutil.rmtree(doomed)
+    return final

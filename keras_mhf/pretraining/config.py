@@ -1,0 +1,395 @@
+"""The settings of a pre-training run and the process-wide state it needs.
+
+- `RunConfig`: every setting, checked by `RunConfig.validate` before
+  anything is written.
+- `process_layout`, `is_primary`, `writing_alone`: where this process stands
+  in a multi-process JAX job (only process 0 writes files).
+- `run_scope`: the distribution, dtype policy and (JAX) persistent
+  compilation cache of the run, restored afterwards.
+"""
+
+import contextlib
+import dataclasses
+import math
+import os
+import warnings
+
+import keras
+import numpy as np
+
+from keras_mhf.models.multi_hash_former_architectures import architecture_config
+from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.pretraining.errors import RunConfigError
+
+MODELS = ("mhf", "standard")
+SIGNATURE_RULES = ("unique", "reference", "repeated")
+DISTRIBUTIONS = (None, "data", "model")
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """The settings of one pre-training run (see `pretrain` for each).
+
+    Example:
+
+    ```python
+    config = RunConfig(data="prepared/openstax", output_dir="runs/mhf")
+    config.validate()
+    ```
+    """
+
+    data: object
+    output_dir: str
+    tokenizer: str = None
+    vocabulary_size: int = 4000
+    model: str = "mhf"
+    architecture: str = "mini_h4b1024"
+    extra_layers: int = 0
+    signature_rule: str = "unique"
+    sequence_length: int = 128
+    batch_size: int = 8
+    steps: int = 300
+    learning_rate: float = 2e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    validation_data: object = None
+    validation_fraction: float = 0.05
+    validation_blocks: int = 64
+    calibrate: bool = True
+    checkpoint_every: int = 50
+    workers: int = None
+    mixed_precision: bool = False
+    seed: int = 0
+    distribution: str = None
+    mesh: object = None
+    compilation_cache: str = "auto"
+    verbose: int = 1
+
+    @property
+    def chunks(self):
+        return math.ceil(self.steps / self.checkpoint_every)
+
+    def path(self, name):
+        return os.path.join(self.output_dir, name)
+
+    def validate(self):
+        """Raises `RunConfigError` naming every invalid setting.
+
+        Checks what can be checked without data or devices; `run_scope`
+        checks the batch size against the device mesh and `load_data` the
+        corpus length.
+        """
+        problems = []
+        for name in (
+            "sequence_length",
+            "steps",
+            "batch_size",
+            "checkpoint_every",
+            "validation_blocks",
+            "vocabulary_size",
+        ):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                problems.append(
+                    f"{_flag(name)} must be an integer >= 1, got {value!r}"
+                )
+        for name in ("warmup_steps", "extra_layers", "seed"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                problems.append(
+                    f"{_flag(name)} must be an integer >= 0, got {value!r}"
+                )
+        if self.workers is not None and (
+            not _is_int(self.workers) or self.workers < 1
+        ):
+            problems.append(
+                f"--workers must be an integer >= 1, got {self.workers!r}"
+            )
+        if not _is_finite_number(self.learning_rate) or self.learning_rate <= 0:
+            problems.append(
+                "--learning-rate must be a finite number > 0, got "
+                f"{self.learning_rate!r}"
+            )
+        if not _is_finite_number(self.weight_decay) or self.weight_decay < 0:
+            problems.append(
+                "--weight-decay must be a finite number >= 0, got "
+                f"{self.weight_decay!r}"
+            )
+        if not (
+            _is_finite_number(self.validation_fraction)
+            and 0 < self.validation_fraction < 1
+        ):
+            problems.append(
+                "--validation-fraction must be between 0 and 1 (exclusive), "
+                f"got {self.validation_fraction!r}"
+            )
+        if not isinstance(self.calibrate, (bool, np.bool_)):
+            problems.append(
+                f"calibrate must be True or False, got {self.calibrate!r}"
+            )
+        if self.model not in MODELS:
+            problems.append(
+                f"--model must be 'mhf' or 'standard', got {self.model!r}"
+            )
+        if self.signature_rule not in SIGNATURE_RULES:
+            problems.append(
+                f"signature_rule must be one of {SIGNATURE_RULES}, got "
+                f"{self.signature_rule!r}"
+            )
+        if self.distribution not in DISTRIBUTIONS:
+            problems.append(
+                "--distribution must be 'data' or 'model' (or left out), got "
+                f"{self.distribution!r}"
+            )
+        if self.data is None or (
+            isinstance(self.data, (str, list, tuple)) and not self.data
+        ):
+            problems.append("--data is required: a prepared directory or text")
+        if not self.output_dir:
+            problems.append("--output is required")
+        try:
+            _, hashes = parse_architecture(self.architecture)
+        except ValueError as error:
+            problems.append(str(error).rstrip("."))
+        else:
+            if self.model == "mhf" and hashes is None:
+                problems.append(
+                    f"--architecture {self.architecture} has no hash part; "
+                    "an MHF model needs '<trunk>_h<H>b<B>' (e.g. tiny_h3b512)"
+                )
+        if self.model == "mhf" and _is_int(self.extra_layers):
+            if self.extra_layers:
+                problems.append(
+                    "--extra-layers applies to --model standard (Standard+kL)"
+                )
+        if self.compilation_cache is not None and not isinstance(
+            self.compilation_cache, (str, os.PathLike)
+        ):
+            problems.append(
+                "--compilation-cache must be a directory, 'auto' or 'none', "
+                f"got {self.compilation_cache!r}"
+            )
+        if self.mesh is not None:
+            from keras_mhf.distribution import parse_mesh
+
+            try:
+                parse_mesh(self.mesh)
+            except ValueError as error:
+                problems.append(str(error).rstrip("."))
+        if problems:
+            raise RunConfigError("; ".join(problems) + ".")
+        if self.warmup_steps >= self.steps and self.steps > 1:
+            warnings.warn(
+                f"warmup_steps={self.warmup_steps} >= steps={self.steps}: the "
+                f"warmup is shortened to {self.steps - 1} steps.",
+                stacklevel=2,
+            )
+
+
+def _flag(name):
+    return "--" + name.replace("_", "-")
+
+
+def _is_finite_number(value):
+    return (
+        isinstance(value, (int, float, np.integer, np.floating))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
+
+
+def process_layout():
+    """`(process_index, process_count)` of this process in a multi-process
+    JAX job (`keras_mhf.distribution.initialize`); `(0, 1)` otherwise.
+
+    Example:
+
+    >>> process_layout()
+    (0, 1)
+    """
+    if keras.config.backend() != "jax":
+        return 0, 1
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def is_primary():
+    """Whether this process writes the run's files: only process 0 does
+    (checkpoints, log, preset, summary)."""
+    return process_layout()[0] == 0
+
+
+@contextlib.contextmanager
+def writing_alone():
+    """Lets process 0 save while the other processes go on: in a
+    multi-process job, creating a variable under a distribution is a
+    collective operation (and Keras' saving creates one), so the save runs
+    without the distribution. The weights are replicated on every process,
+    so process 0 reads them all locally."""
+    if process_layout()[1] == 1:
+        yield
+        return
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+@contextlib.contextmanager
+def run_scope(config):
+    """Sets the process-wide state the run needs (a distribution for
+    `config.distribution`, the `mixed_bfloat16` policy for
+    `config.mixed_precision`, on JAX a persistent compilation cache, see
+    `compilation_cache_directory`) and restores the previous state
+    afterwards.
+
+    In a multi-process JAX job each process feeds only its own rows of every
+    global batch, so the distribution's `auto_shard_dataset` is turned off.
+    A model-parallel layout is fitted to the run's model (`backbone_config`):
+    a dimension that its mesh axis does not divide is replicated.
+
+    Raises:
+        RunConfigError: a batch size the batch axis of the device mesh (or
+            the number of processes) does not divide, model parallelism over
+            several processes, several processes without a distribution, or
+            a mesh that does not match the devices.
+
+    Example:
+
+    ```python
+    with run_scope(RunConfig("d", "o", distribution="data")):
+        lm = build_run_model(config, tokenizer)  # built under DataParallel
+    ```
+    """
+    previous_policy = keras.config.dtype_policy()
+    previous_distribution = keras.distribution.distribution()
+    process_index, process_count = process_layout()
+    if process_count > 1:
+        if config.distribution is None:
+            raise RunConfigError(
+                f"This is process {process_index} of {process_count} of a "
+                "multi-process job, but no distribution was given; pass "
+                "--distribution data so that the processes train one model."
+            )
+        if config.distribution == "model":
+            raise RunConfigError(
+                "Multi-process runs support --distribution data only: "
+                "checkpoints are written from weights replicated on every "
+                "process, which model parallelism over processes does not "
+                "give."
+            )
+        if config.batch_size % process_count:
+            raise RunConfigError(
+                f"--batch-size {config.batch_size} does not divide by the "
+                f"{process_count} processes; use a multiple of {process_count}."
+            )
+    cache = contextlib.ExitStack()
+    try:
+        cache.enter_context(_compilation_cache(config))
+        if config.distribution is not None:
+            from keras_mhf.distribution import check_batch_size
+            from keras_mhf.distribution import make_distribution
+
+            try:
+                strategy = make_distribution(
+                    config.distribution,
+                    config.mesh,
+                    config=backbone_config(config),
+                )
+                check_batch_size(config.batch_size, strategy)
+            except ValueError as error:
+                raise RunConfigError(str(error)) from error
+            if process_count > 1:
+                strategy.auto_shard_dataset = False
+            keras.distribution.set_distribution(strategy)
+        if config.mixed_precision:
+            keras.config.set_dtype_policy("mixed_bfloat16")
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous_policy)
+        if config.distribution is not None:
+            keras.distribution.set_distribution(previous_distribution)
+        cache.close()
+
+
+def backbone_config(config):
+    """The backbone arguments of the run's model, from its architecture name
+    (before the model exists), so that a model-parallel layout can be fitted
+    to it: dimensions the mesh does not divide are replicated.
+
+    Example:
+
+    ```python
+    backbone_config(RunConfig("d", "o", architecture="tiny_h3b64"))
+    # {"num_layers": 2, "hidden_dim": 32, ..., "num_buckets": 64, ...}
+    ```
+    """
+    settings = architecture_config(config.architecture, config.extra_layers)
+    if config.model == "standard":  # the hash part of the name is ignored
+        _, hashes = parse_architecture(config.architecture)
+        for name in hashes or {}:
+            settings.pop(name, None)
+    return settings
+
+
+def compilation_cache_directory(config):
+    """The persistent compilation cache of a run: `OUTPUT/compilation_cache`
+    for `compilation_cache="auto"`, the given directory, or `None` (disabled
+    with `None`/`"none"`, and on backends other than JAX).
+
+    Example:
+
+    ```python
+    compilation_cache_directory(RunConfig("d", "runs/mhf"))
+    # "runs/mhf/compilation_cache" on JAX, None elsewhere
+    ```
+    """
+    setting = config.compilation_cache
+    if keras.config.backend() != "jax" or setting in (None, "", "none"):
+        return None
+    if setting == "auto":
+        return config.path("compilation_cache")
+    return os.fspath(setting)
+
+
+@contextlib.contextmanager
+def _compilation_cache(config):
+    """On JAX, keeps compiled programs (the weight initialisers, the train
+    and scoring steps) in a persistent cache for the run, so that a resumed
+    run does not compile them again; a cache configured outside the run
+    (e.g. `JAX_COMPILATION_CACHE_DIR`) is left as it is. The previous
+    settings are restored afterwards. Compiled programs are the same either
+    way, so results do not change."""
+    directory = compilation_cache_directory(config)
+    if directory is None:
+        yield
+        return
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as cc
+
+    if jax.config.jax_compilation_cache_dir:
+        yield
+        return
+    options = {
+        "jax_compilation_cache_dir": os.path.abspath(directory),
+        # Cache every program: the many small ones add up to seconds.
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    previous = {name: getattr(jax.config, name) for name in options}
+    for name, value in options.items():
+        jax.config.update(name, value)
+    cc.reset_cache()
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            jax.config.update(name, value)
+        cc.reset_cache()

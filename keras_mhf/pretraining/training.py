@@ -1,0 +1,284 @@
+"""Training of a pre-training run: the model and its optimizer, and one
+`fit` call per chunk of optimizer steps over windows streamed from the
+prepared corpus (`train_chunk`), stopped at the first non-finite loss.
+
+`make_optimizer`, `build_model`, `fit_blocks` and `data_order` are also used
+on their own (e.g. by `recipes/expand_vocabulary.py`).
+"""
+
+import math
+
+import keras
+import numpy as np
+
+from keras_mhf.data import blocks_to_features
+from keras_mhf.data import window_dataset
+from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
+from keras_mhf.models.standard_causal_lm import standard_causal_lm
+from keras_mhf.pretraining import hooks
+from keras_mhf.pretraining.checkpoints import check_finite
+from keras_mhf.pretraining.checkpoints import latest_checkpoint
+from keras_mhf.pretraining.checkpoints import what_now
+from keras_mhf.pretraining.config import is_primary
+from keras_mhf.pretraining.config import process_layout
+from keras_mhf.pretraining.errors import NonFiniteLossError
+
+
+def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):
+    """AdamW, linear warmup then cosine decay to 0, global-norm clipping 1.0,
+    weight decay on kernels and tables only (not on norms or biases).
+
+    Example:
+
+    ```python
+    optimizer = make_optimizer(2e-3, total_steps=300, warmup_steps=30)
+    ```
+    """
+    warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
+    schedule = keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=max(total_steps - warmup_steps, 1),
+        warmup_target=learning_rate,
+        warmup_steps=warmup_steps,
+        alpha=0.0,
+    )
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=schedule,
+        weight_decay=weight_decay,
+        beta_1=0.9,
+        beta_2=0.999,
+        epsilon=1e-8,
+        global_clipnorm=1.0,
+    )
+    optimizer.exclude_from_weight_decay(var_names=["bias", "scale"])
+    return optimizer
+
+
+def build_model(
+    kind,
+    tokenizer,
+    architecture,
+    sequence_length,
+    extra_layers=0,
+    signature_rule="unique",
+):
+    """A new MHF (`kind="mhf"`) or Standard (`"standard"`) causal LM.
+
+    Example:
+
+    ```python
+    lm = build_model("mhf", tokenizer, "tiny_h3b512", sequence_length=128)
+    ```
+    """
+    if kind == "mhf":
+        return MultiHashFormerCausalLM.from_tokenizer(
+            tokenizer,
+            architecture,
+            sequence_length=sequence_length,
+            signature_rule=signature_rule,
+        )
+    if kind == "standard":
+        return standard_causal_lm(
+            tokenizer,
+            architecture,
+            extra_layers=extra_layers,
+            sequence_length=sequence_length,
+        )
+    raise ValueError(f"--model must be 'mhf' or 'standard'; got {kind!r}.")
+
+
+def fit_blocks(lm, blocks, batch_size, verbose=1):
+    """One `fit` pass over packed `[n, L+1]` blocks, in the given order.
+
+    Example:
+
+    ```python
+    fit_blocks(lm, pack_documents(texts, sp.encode, 1, 128), batch_size=8)
+    ```
+    """
+    x, y, sample_weight = blocks_to_features(blocks)
+    preprocessor = lm.preprocessor
+    lm.preprocessor = None  # the blocks are already token ids
+    try:
+        return lm.fit(
+            x,
+            y,
+            sample_weight=sample_weight,
+            batch_size=batch_size,
+            epochs=1,
+            shuffle=False,
+            verbose=verbose,
+        )
+    finally:
+        lm.preprocessor = preprocessor
+
+
+def data_order(num_blocks, total_samples, seed):
+    """Sample indices for a whole run over in-memory blocks: shuffled
+    passes over the blocks.
+
+    Example:
+
+    >>> data_order(3, 5, seed=0).shape
+    (5,)
+    """
+    rng = np.random.default_rng(seed)
+    passes = math.ceil(total_samples / num_blocks)
+    return np.concatenate([rng.permutation(num_blocks) for _ in range(passes)])[
+        :total_samples
+    ]
+
+
+def build_run_model(config, tokenizer):
+    """Step "model": the seeded model, compiled with the run's optimizer.
+
+    Example:
+
+    ```python
+    lm = build_run_model(config, load_data(config).tokenizer)
+    ```
+    """
+    keras.utils.set_random_seed(config.seed)
+    lm = build_model(
+        config.model,
+        tokenizer,
+        config.architecture,
+        config.sequence_length,
+        config.extra_layers,
+        config.signature_rule,
+    )
+    optimizer = make_optimizer(
+        config.learning_rate,
+        config.steps,
+        config.warmup_steps,
+        config.weight_decay,
+    )
+    lm.compile(optimizer=optimizer)
+    return lm
+
+
+class StopOnNonFiniteLoss(keras.callbacks.Callback):
+    """Stops `fit` after the first batch whose training loss is NaN or
+    infinite and records its global step (like Keras' `TerminateOnNaN`).
+
+    Args:
+        first_step: the global step before the first batch of this `fit`.
+
+    Example:
+
+    ```python
+    guard = StopOnNonFiniteLoss(first_step=100)
+    lm.fit(dataset, callbacks=[guard])
+    if guard.step is not None:
+        print("diverged at step", guard.step)
+    ```
+    """
+
+    def __init__(self, first_step):
+        super().__init__()
+        self.first_step = first_step
+        self.step = None
+        self.loss = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.first_step + batch + 1
+        hooks.event("train_step", step=step)
+        loss = (logs or {}).get("loss")
+        if loss is None:
+            return
+        # `loss` is the running mean of this fit call: it turns non-finite
+        # at the first non-finite batch loss.
+        value = float(np.asarray(keras.ops.convert_to_numpy(loss)))
+        if not math.isfinite(value) and self.step is None:
+            self.step, self.loss = step, value
+            self.model.stop_training = True
+
+
+def loader_options():
+    """The `grain.ReadOptions` of the training loader: two threads read
+    batches ahead (at most 8), in order.
+
+    Example:
+
+    ```python
+    dataset = window_dataset(corpus, "train", 128, 8, seed=0, num_steps=10)
+    batches = dataset.to_iter_dataset(loader_options())
+    ```
+    """
+    import grain
+
+    return grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
+
+
+def chunk_steps(config, chunk):
+    """The optimizer steps `(first, last]` of a chunk.
+
+    Example:
+
+    ```python
+    chunk_steps(RunConfig("d", "o", steps=120, checkpoint_every=50), 2)
+    # (100, 120)
+    ```
+    """
+    first = chunk * config.checkpoint_every
+    return first, min(config.steps, first + config.checkpoint_every)
+
+
+def train_chunk(config, lm, data, first, last):
+    """Step "one chunk": one `fit` call over the windows of global steps
+    `(first, last]` (`window_dataset` from `first`); returns the history.
+
+    Each process of a multi-process job reads only its own rows of every
+    global batch.
+
+    Raises:
+        NonFiniteLossError: the loss became NaN or infinite; training
+            stopped at that step and nothing was written.
+        NonFiniteWeightsError: a weight is NaN or infinite after the chunk.
+
+    Example:
+
+    ```python
+    history = train_chunk(config, lm, data, first=100, last=150)
+    ```
+    """
+    if config.verbose:
+        print(f"Steps {first + 1}-{last} of {config.steps}")
+    process_index, process_count = process_layout()
+    dataset = window_dataset(
+        data.corpus,
+        "train",
+        config.sequence_length,
+        config.batch_size,
+        config.seed,
+        start_step=first,
+        num_steps=last - first,
+        process_index=process_index,
+        process_count=process_count,
+    ).to_iter_dataset(loader_options())
+    guard = StopOnNonFiniteLoss(first)
+    preprocessor = lm.preprocessor
+    lm.preprocessor = None  # the dataset yields token ids
+    try:
+        history = lm.fit(
+            dataset,
+            epochs=1,
+            steps_per_epoch=last - first,
+            shuffle=False,
+            verbose=config.verbose if is_primary() else 0,
+            callbacks=[guard],
+        )
+    finally:
+        lm.preprocessor = preprocessor
+    if guard.step is not None:
+        kept = latest_checkpoint(config)
+        raise NonFiniteLossError(
+            f"the training loss became non-finite ({guard.loss}) at step "
+            f"{guard.step}; training stopped there and no checkpoint, preset "
+            "or summary was written from the diverged weights. "
+            + what_now(config, kept),
+            guard.step,
+            kept[0] if kept else None,
+        )
+    check_finite(config, lm, last, "checkpoint or log line")
+    return history
