@@ -1,8 +1,10 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from keras_mhf import benchmarking
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import count_parameters
 from keras_mhf.models import standard_causal_lm
@@ -68,3 +70,39 @@ def test_tool_prints_table():
         check=True,
     ).stdout
     assert "1b_h4b16k+4L" in out and "100m+4L" in out and "141.6M" in out
+
+
+def test_weight_bytes_int8_tables_about_4x_smaller(small_tokenizer):
+    mhf = MultiHashFormerCausalLM.from_tokenizer(
+        small_tokenizer, "tiny_h3b64", hidden_dim=256, head_dim=64
+    )
+    before = benchmarking.weight_bytes(mhf)
+    assert before["vocabulary"] == 3 * 64 * 256 * 4
+    assert before["total"] == sum(
+        int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in mhf.weights
+    )
+    mhf.quantize("int8")
+    after = benchmarking.weight_bytes(mhf)
+    # int8 values plus one float32 scale per (padded) row.
+    assert after["vocabulary"] == 3 * 64 * (256 + 4)
+    assert after["index"] == before["index"]
+    assert after["other"] < before["other"]
+
+
+def test_tool_prints_bytes():
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "count_params.py"),
+            "tiny_h3b64",
+            "--bytes",
+            "--quantize",
+            "int8",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    lines = [line for line in out.splitlines() if line.startswith("tiny")]
+    assert len(lines) == 2 and "float32" in lines[0] and "int8" in lines[1]
+    assert "x smaller" in lines[1]

@@ -625,26 +625,8 @@ def inference_worker(kind, vocabulary_size, args):
         if hasattr(model, "decoding"):
             model.decoding = "full"  # a random model: compare table reads
         result.update(_generation(model, "gen", args.new_tokens))
-        result["table_bytes"] = _table_bytes(model)
+        result["table_bytes"] = benchmarking.weight_bytes(model)["vocabulary"]
     print("RESULT " + json.dumps(result), flush=True)
-
-
-def _table_bytes(model):
-    """Bytes of the vocabulary-side weights: MHF bucket tables (+ scales),
-    Standard embedding (+ scales)."""
-    if hasattr(model.backbone, "hash_encoder"):
-        encoder = model.backbone.hash_encoder
-        variables = list(encoder.embeddings) + list(
-            getattr(encoder, "embeddings_scale", [])
-        )
-    else:
-        variables = [v for v in model.backbone.token_embedding.weights]
-    return int(
-        sum(
-            int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-            for v in variables
-        )
-    )
 
 
 def run_inference(args):
