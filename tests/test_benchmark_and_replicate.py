@@ -120,3 +120,40 @@ def test_replicate_smoke(tmp_path, openstax_dir):
             )
             paper = run["validation_paper_rule"]
             assert paper == run["validation"]["paper_rule"]
+
+    # The calibration experiment runs on the trained presets of this run.
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "recipes" / "calibration_experiment.py"),
+            "--work-dir",
+            str(tmp_path / "rep" / "runs"),
+            "--output",
+            str(tmp_path / "cal"),
+            "--validation-blocks",
+            "8",
+            "--train-windows",
+            "16",
+            "--finetune-epochs",
+            "1",
+            "--models",
+            "mhf_h4b256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "cal" / "results.json").read_text())
+    (result,) = results.values()
+    paper = result["paper_rule"]
+    for method in ("scalar", "context", "context+scores", "finetune"):
+        assert result[method]["loss"] > 0
+    # A positive scale per position never changes the argmax.
+    for method in ("scalar", "context", "context+scores"):
+        assert result[method]["accuracy"] == paper["accuracy"]
+    assert result["finetune"]["steps"] == 8
+    assert "| seed0/mhf_h4b256 | context |" in (
+        (tmp_path / "cal" / "results.md").read_text()
+    )
