@@ -125,7 +125,9 @@ def build_parser():
         action="store_false",
         help="MHF: keep the paper's scoring rule (temperature 1.0) instead of "
         "fitting the scoring temperature on the first half of the validation "
-        "windows at the end (the second half is reported either way)",
+        "windows at the end (the second half is reported either way)"
+        # The formatter would print "(default: True)" for calibrate.
+        "%(default).0s",
     )
     p.add_argument(
         "--checkpoint-every",

@@ -157,3 +157,30 @@ def test_replicate_smoke(tmp_path, openstax_dir):
     assert "| seed0/mhf_h4b256 | context |" in (
         (tmp_path / "cal" / "results.md").read_text()
     )
+
+    # ... and the quantization quality tool on the same preset.
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "quantization_quality.py"),
+            "--preset",
+            str(tmp_path / "rep" / "runs" / "seed0" / "mhf_h4b256" / "preset"),
+            "--data",
+            str(tmp_path / "rep" / "runs" / "data"),
+            "--prompts",
+            "4",
+            "--validation-blocks",
+            "8",
+            "--output",
+            str(tmp_path / "quality.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    quality = json.loads((tmp_path / "quality.json").read_text())
+    assert 0.0 <= quality["int8"]["greedy_identical"] <= 1.0
+    assert abs(quality["int8"]["perplexity_change"]) < 0.1
+    assert "| int8 |" in done.stdout

@@ -1,0 +1,137 @@
+"""Quality of a quantized MultiHashFormer against its float32 self: next-token
+accuracy, perplexity (paper rule and the preset's calibrated temperature) and
+greedy generations, on a prepared corpus's held-out windows.
+
+    python tools/quantization_quality.py --preset runs/quickstart/mhf/preset \\
+        --data runs/quickstart/mhf/data
+    python tools/quantization_quality.py \\
+        --preset RUNS/seed0/mhf_h4b16384/preset --data RUNS/data \\
+        --modes int8 int4 --output quality.json
+
+Scores the second half of the first `--validation-blocks` validation windows
+(the half `recipes/pretrain.py` reports; the calibration fit used the first)
+and generates `--prompts` greedy continuations of `--new-tokens` tokens from
+the first `--prompt-length` tokens of validation windows. Prints a table and
+writes JSON.
+"""
+
+import argparse
+import json
+
+import numpy as np
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--preset", required=True, help="a trained MHF preset")
+    p.add_argument(
+        "--data", required=True, help="the prepared corpus it was trained on"
+    )
+    p.add_argument("--modes", nargs="+", default=["int8"])
+    p.add_argument("--sequence-length", type=int, default=128)
+    p.add_argument("--validation-blocks", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=50)
+    p.add_argument("--prompt-length", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument("--output", default=None)
+    return p.parse_args(argv)
+
+
+def measure(lm, blocks, prompts, new_tokens):
+    """Metrics of `blocks` and greedy continuations of `prompts`."""
+    from keras_mhf import evaluation
+
+    metrics = evaluation.perplexity(lm, blocks)
+    b, length = prompts.shape
+    total = length + new_tokens
+    token_ids = np.zeros((b, total), "int32")
+    padding_mask = np.zeros((b, total), bool)
+    token_ids[:, :length], padding_mask[:, :length] = prompts, True
+    preprocessor, lm.preprocessor = lm.preprocessor, None  # ids in and out
+    try:
+        out = lm.generate(
+            {"token_ids": token_ids, "padding_mask": padding_mask},
+            stop_token_ids=None,
+        )
+    finally:
+        lm.preprocessor = preprocessor
+    return metrics, np.asarray(out["token_ids"])[:, length:]
+
+
+def _row(name, m):
+    paper = m.get("paper_rule", m)
+    return (
+        f"| {name} | {m['accuracy']:.4f} | {paper['perplexity']:.1f} | "
+        f"{m['perplexity']:.2f} | {m['ece']:.3f} |"
+    )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from keras_mhf.data import PreparedCorpus
+    from keras_mhf.data import validation_windows
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.pretraining.validation import split_validation_windows
+
+    corpus = PreparedCorpus(args.data)
+    blocks = validation_windows(
+        corpus, args.sequence_length, count=args.validation_blocks
+    )
+    _, (start, end) = split_validation_windows(len(blocks))
+    reported = blocks[start:end]
+    count = max(args.prompts, 1)
+    windows = validation_windows(corpus, args.prompt_length - 1, count=count)
+    if len(windows) < args.prompts:
+        raise SystemExit(
+            f"The validation split holds only {len(windows)} prompts of "
+            f"{args.prompt_length} tokens; pass --prompts {len(windows)}."
+        )
+    results = {"preset": args.preset, "tokens": int(reported[:, 1:].size)}
+    lm = MultiHashFormerCausalLM.from_preset(args.preset)
+    corpus.check_tokenizer(lm.preprocessor.tokenizer)
+    lm.compile(sampler="greedy")
+    results["scoring_temperature"] = lm.scoring_temperature
+    base, base_tokens = measure(lm, reported, windows, args.new_tokens)
+    results["float32"] = base
+    lines = [
+        "| weights | next-token acc | perplexity (paper rule) | perplexity "
+        "(calibrated) | ECE |",
+        "|---|---|---|---|---|",
+        _row("float32", base),
+    ]
+    for mode in args.modes:
+        lm = MultiHashFormerCausalLM.from_preset(args.preset)
+        lm.quantize(mode)
+        lm.compile(sampler="greedy")
+        metrics, tokens = measure(lm, reported, windows, args.new_tokens)
+        same = float(np.mean(np.all(tokens == base_tokens, axis=-1)))
+        metrics["greedy_identical"] = same
+        metrics["accuracy_change_points"] = 100 * (
+            metrics["accuracy"] - base["accuracy"]
+        )
+        metrics["perplexity_change"] = (
+            metrics["perplexity"] / base["perplexity"] - 1
+        )
+        results[mode] = metrics
+        lines.append(_row(mode, metrics))
+        change = metrics["accuracy_change_points"]
+        lines.append(
+            f"\n{mode}: next-token accuracy {change:+.2f} points, "
+            "calibrated perplexity "
+            f"{100 * metrics['perplexity_change']:+.2f}%, greedy "
+            f"continuations identical for {same:.0%} of {args.prompts} prompts "
+            f"({args.new_tokens} new tokens each).\n"
+        )
+    report = "\n".join(lines)
+    print(report)
+    results["report"] = report
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
