@@ -207,7 +207,7 @@ def main(argv=None):
         ("tokenizer", runs["mhf"]["tokenizer"]),
         ("MHF preset (from_preset)", runs["mhf"]["preset"]),
         ("MHF .keras file", keras_file),
-        ("MHF TF SavedModel (serve, generate)", saved_model),
+        ("MHF TF SavedModel (ids and text endpoints)", saved_model),
         ("Standard preset", runs["standard"]["preset"]),
         ("training logs", os.path.join(args.output, "*", "log.csv")),
         ("loss plots", os.path.join(args.output, "*", "loss.png")),
