@@ -1,6 +1,8 @@
-"""Seconds-long smoke runs of the benchmark, the profiler and the replication
-recipe, so none of them can rot (their real runs are documented in the
-README)."""
+"""Smoke runs of the benchmark, the profiler, the replication recipe, the
+calibration experiment and the quantization quality tool, so none of them can
+rot (their real runs are documented in the README). Each takes one to a few
+minutes, so they are `large`: `tools/test.sh` runs them once, under JAX, after
+the per-backend suites (`pytest --run_large -m large`)."""
 
 import json
 import os
@@ -14,6 +16,7 @@ from tests.conftest import MISTRAL_MODEL
 from tests.conftest import REPO
 
 
+@pytest.mark.large
 def test_benchmark_smoke(tmp_path):
     backend = keras.config.backend()
     out = tmp_path / "bench.json"
@@ -41,6 +44,7 @@ def test_benchmark_smoke(tmp_path):
     assert "MHF/Std tok/s" in done.stdout
 
 
+@pytest.mark.large
 def test_profile_smoke():
     if keras.config.backend() != "jax":
         pytest.skip("tools/profile_step.py uses the JAX profiler")
@@ -56,6 +60,7 @@ def test_profile_smoke():
     assert "matmul" in done.stdout and "top ops:" in done.stdout
 
 
+@pytest.mark.large
 def test_replicate_smoke(tmp_path, openstax_dir):
     if not MISTRAL_MODEL.exists():
         pytest.skip("the Mistral tokenizer is not in the shared data")

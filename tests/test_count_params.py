@@ -89,6 +89,7 @@ def test_weight_bytes_int8_tables_about_4x_smaller(small_tokenizer):
     assert after["other"] < before["other"]
 
 
+@pytest.mark.large
 def test_tool_prints_bytes():
     out = subprocess.run(
         [

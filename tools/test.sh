@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The README's test command: sets up .venv, then runs the whole suite once per
-# Keras backend (jax, tensorflow, torch), one after another.
-#   bash tools/test.sh            # all three backends
+# The README's test command: sets up .venv, runs the whole suite once per Keras
+# backend (jax, tensorflow, torch), one after another, then the `large` tests
+# (minutes-long smoke runs of the tools and recipes) once, under JAX.
+#   bash tools/test.sh                 # all three backends, then the large step
 #   bash tools/test.sh jax -k lookup   # one backend, extra pytest arguments
+#   bash tools/test.sh large           # only the large step
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -10,8 +12,11 @@ source tools/setup_env.sh
 # setup_env.sh sets -e; a failing backend must not stop the others.
 set +e
 backends=(jax tensorflow torch)
+large=1
 if [ $# -gt 0 ] && [[ "$1" =~ ^(jax|tensorflow|torch)$ ]]; then
-  backends=("$1"); shift
+  backends=("$1"); shift; large=0
+elif [ $# -gt 0 ] && [ "$1" = large ]; then
+  backends=(); shift
 fi
 status=0
 for backend in "${backends[@]}"; do
@@ -23,4 +28,14 @@ for backend in "${backends[@]}"; do
     status=1
   fi
 done
+if [ $large -eq 1 ]; then
+  echo "=== large tests (KERAS_BACKEND=jax) ==="
+  KERAS_BACKEND=jax python -m pytest -q -p no:cacheprovider --run_large \
+    -m large "$@"
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    echo "=== large: pytest exited $rc ==="
+    status=1
+  fi
+fi
 exit $status
