@@ -216,7 +216,7 @@ def main(argv=None):
             os.path.join(args.output, "evaluation.json"),
         ),
     ]:
-        print(f"  {label:<38} {path}")
+        print(f"  {label:<44} {path}")
     print(f"\nDone in {time.time() - started:.0f} s.")
 
 
