@@ -51,6 +51,49 @@ class _NextTokenHead(keras.layers.Layer):
         )
 
 
+class _TargetLossHead(keras.layers.Layer):
+    """Final hidden states and target ids -> per-position negative
+    log-likelihood of the targets `[b, s]` (float32), through the model's
+    `next_token_statistics` (MHF: never forms `[b, s, V]`)."""
+
+    def __init__(self, causal_lm, **kwargs):
+        super().__init__(**kwargs)
+        self.causal_lm = causal_lm
+
+    def call(self, hidden_states, target_ids):
+        picked, _, _ = self.causal_lm.next_token_statistics(
+            hidden_states, ops.cast(target_ids, "int32"), with_argmax=False
+        )
+        return -picked
+
+    def compute_output_spec(self, hidden_states, target_ids):
+        return keras.KerasTensor(target_ids.shape, dtype="float32")
+
+
+def target_losses(causal_lm, token_ids, padding_mask, target_ids):
+    """`score(..., scoring_mode="loss")` of a MultiHashFormer, compiled: a
+    function of the model built once (and kept until `forget_scorers`), so
+    repeated calls of one shape run one compiled program instead of tracing
+    the vocabulary scan eagerly every time. Inputs are checked by the
+    caller; returns float32 numpy `[b, s]`."""
+    scorers = NextTokenScorer._cache.setdefault(causal_lm, {})
+    if "loss" not in scorers:
+        ids = keras.Input((None,), dtype="int32", name="token_ids")
+        mask = keras.Input((None,), dtype="int32", name="padding_mask")
+        targets = keras.Input((None,), dtype="int32", name="target_ids")
+        hidden = causal_lm.backbone({"token_ids": ids, "padding_mask": mask})
+        losses = _TargetLossHead(causal_lm)(hidden, targets)
+        scorers["loss"] = keras.Model([ids, mask, targets], losses)
+    out = scorers["loss"].predict_on_batch(
+        [
+            np.asarray(ops.convert_to_numpy(token_ids), "int32"),
+            np.asarray(ops.convert_to_numpy(padding_mask), "int32"),
+            np.asarray(ops.convert_to_numpy(target_ids), "int32"),
+        ]
+    )
+    return np.asarray(ops.convert_to_numpy(out), "float32")
+
+
 def forget_scorers(causal_lm):
     """Drops the compiled scorers of a model (they captured its settings,
     e.g. the scoring temperature)."""

@@ -212,7 +212,9 @@ class SignatureLookup(keras.layers.Layer):
             scores = ops.log_softmax(scores, axis=-1)
         return scores
 
-    def token_statistics(self, bucket_logits, targets, temperature=1.0):
+    def token_statistics(
+        self, bucket_logits, targets, temperature=1.0, with_argmax=True
+    ):
         """Per-position statistics of the token distribution without forming
         `[..., V]`: `(target log-prob, top log-prob, argmax id)`, each
         `[...]`, under `log_softmax_V(s(w) / temperature)`.
@@ -228,6 +230,8 @@ class SignatureLookup(keras.layers.Layer):
             bucket_logits: float `[..., H, B]` logits or log-probs.
             targets: int `[...]` token ids.
             temperature: the scoring temperature `tau`.
+            with_argmax: if `False`, the argmax id is not tracked (it costs
+                a second pass over each chunk) and is returned as `-1`.
         """
         if not self.built:
             self.build()
@@ -246,6 +250,7 @@ class SignatureLookup(keras.layers.Layer):
         chunk = _chunk_size(static if isinstance(static, int) else None)
         chunks = -(-self.vocabulary_size // chunk)
         table = ops.convert_to_tensor(self.signatures)
+        padded = chunks * chunk != self.vocabulary_size
         table = ops.pad(
             table, [[0, chunks * chunk - self.vocabulary_size], [0, 0]]
         )
@@ -260,19 +265,23 @@ class SignatureLookup(keras.layers.Layer):
                 scores = head if scores is None else scores + head
             if temperature != 1.0:
                 scores = scores / temperature
-            ids = c * chunk + ops.arange(chunk, dtype="int32")
-            scores = ops.where(
-                (ids < self.vocabulary_size)[:, None], scores, float("-inf")
-            )
+            if padded:  # rows past the vocabulary never count
+                ids = c * chunk + ops.arange(chunk, dtype="int32")
+                scores = ops.where(
+                    (ids < self.vocabulary_size)[:, None],
+                    scores,
+                    float("-inf"),
+                )
             chunk_max = ops.max(scores, axis=0)
             new_max = ops.maximum(running_max, chunk_max)
             total = total * ops.exp(running_max - new_max) + ops.sum(
                 ops.exp(scores - new_max[None, :]), axis=0
             )
-            chunk_id = ops.cast(ops.argmax(scores, axis=0), "int32") + c * chunk
-            better = chunk_max > best
-            best = ops.where(better, chunk_max, best)
-            best_id = ops.where(better, chunk_id, best_id)
+            if with_argmax:
+                chunk_id = ops.argmax(scores, axis=0)
+                chunk_id = ops.cast(chunk_id, "int32") + c * chunk
+                best_id = ops.where(chunk_max > best, chunk_id, best_id)
+            best = ops.maximum(best, chunk_max)
             return new_max, total, best, best_id
 
         minus_inf = ops.full((positions,), float("-inf"), "float32")
@@ -280,7 +289,7 @@ class SignatureLookup(keras.layers.Layer):
             minus_inf,
             ops.zeros((positions,), "float32"),
             minus_inf,
-            ops.zeros((positions,), "int32"),
+            ops.full((positions,), -1, "int32"),
         )
         running_max, total, best, best_id = ops.fori_loop(0, chunks, body, init)
         normaliser = running_max + ops.log(total)

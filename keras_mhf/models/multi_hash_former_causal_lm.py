@@ -14,6 +14,7 @@ from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.next_token_scorer import forget_scorers
+from keras_mhf.next_token_scorer import target_losses
 from keras_mhf.utils.keras_utils import TASK_KWARGS
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
@@ -399,15 +400,18 @@ class MultiHashFormerCausalLM(CausalLM):
             scores = scores / self.scoring_temperature
         return ops.log_softmax(scores, axis=-1)
 
-    def next_token_statistics(self, hidden_states, targets):
+    def next_token_statistics(self, hidden_states, targets, with_argmax=True):
         """`(log p(target), top log-prob, argmax id)` per position, each
         `[...]`, for hidden states `[..., d]` and target ids `[...]`, without
         forming `[..., V]` (`SignatureLookup.token_statistics`); used by
-        `score(scoring_mode="loss")` and evaluation."""
+        `score(scoring_mode="loss")` and evaluation. `with_argmax=False`
+        skips tracking the argmax (returned as -1), which `score` does not
+        need."""
         return self.backbone.signature_lookup.token_statistics(
             self.bucket_logits(hidden_states),
             targets,
             self.scoring_temperature,
+            with_argmax=with_argmax,
         )
 
     def _trunk_with_cache(self, token_ids, cache, cache_update_index):
@@ -543,6 +547,12 @@ class MultiHashFormerCausalLM(CausalLM):
             )
         if padding_mask is None:
             padding_mask = ops.ones(ops.shape(token_ids)[:2], dtype="int32")
+        if scoring_mode == "loss" and layer_intercept_fn is None:
+            # Compiled once per model and shape (the eager vocabulary scan
+            # would be traced again on every call).
+            return ops.convert_to_tensor(
+                target_losses(self, token_ids, padding_mask, target_ids)
+            )
         if layer_intercept_fn is None:
 
             def layer_intercept_fn(x, unused_i):
