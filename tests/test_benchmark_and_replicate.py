@@ -45,6 +45,57 @@ def test_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.large
+@pytest.mark.parametrize("inference", ["vocabulary", "quantization"])
+def test_inference_benchmark_smoke(tmp_path, inference):
+    out = tmp_path / f"{inference}.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "benchmark.py"),
+            "--inference",
+            inference,
+            "--smoke",
+            "--output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    report = (tmp_path / f"{inference}.md").read_text()
+    if inference == "vocabulary":
+        kinds = {(r["kind"], r["vocabulary_size"]) for r in results}
+        assert kinds == {
+            ("mhf", 512),
+            ("mhf", 2048),
+            ("standard", 512),
+            ("standard", 2048),
+            ("mhf_random", 512),
+        }
+        mhf = [r for r in results if r["kind"] == "mhf"]
+        for r in mhf:
+            assert r["mhf_candidates_ms_per_token_b1"] > 0
+            assert 0.0 <= r["mhf_candidates_fallback_rate_b8"] <= 1.0
+            assert r["mhf_score_tokens_per_s"] > 0
+        assert "fallback" in report and (tmp_path / "vocabulary.png").exists()
+    else:
+        by = {r["kind"]: r for r in results}
+        assert set(by) == {
+            "h3b64:float32",
+            "h3b64:int8",
+            "standard:float32",
+            "standard:int8",
+        }
+        # int8 tables with per-row float scales: smaller than float32.
+        assert (
+            by["h3b64:int8"]["table_bytes"] < by["h3b64:float32"]["table_bytes"]
+        )
+        assert "| h3b64 | int8 |" in report
+
+
+@pytest.mark.large
 def test_profile_smoke():
     if keras.config.backend() != "jax":
         pytest.skip("tools/profile_step.py uses the JAX profiler")

@@ -613,6 +613,8 @@ def inference_worker(kind, vocabulary_size, args):
         )
         model.compile(sampler="greedy")
         result.update(_generation(model, "standard", args.new_tokens))
+        # Partial result first: scoring forms [b, s, V] and may not fit.
+        print("RESULT " + json.dumps(result), flush=True)
         result["standard_score_tokens_per_s"] = (
             benchmarking.scoring_tokens_per_s(model, vocabulary_size)
         )
@@ -668,6 +670,26 @@ def run_inference(args):
             capture_output=True,
             text=True,
         )
+        if done.returncode != 0 and kind == "standard":
+            # The Standard baseline at the largest vocabularies may not fit
+            # in memory (its embedding is V x d); the report says so.
+            why = (
+                "killed (out of memory)"
+                if done.returncode in (-9, 137)
+                else f"exit status {done.returncode}: {done.stderr[-300:]}"
+            )
+            if "RESULT " in done.stdout:  # generation was measured
+                result = json.loads(done.stdout.split("RESULT ")[-1])
+                result["score_error"] = why
+            else:
+                result = {
+                    "kind": kind,
+                    "vocabulary_size": vocabulary_size,
+                    "error": why,
+                }
+            results.append(result)
+            print(f"  {kind:<18} V={vocabulary_size:<8} {why}", flush=True)
+            continue
         if done.returncode != 0:
             raise RuntimeError(
                 f"{kind} V={vocabulary_size}:\n{done.stderr[-3000:]}"
@@ -703,6 +725,17 @@ def vocabulary_report(results, args, png_path):
     ]
     for v in args.vocab:
         m, s = _by(results, "mhf", v), _by(results, "standard", v)
+        if "error" in s:
+            lines.append(
+                f"| {v:,} | {m['mhf_candidates_ms_per_token_b1']:.1f} / "
+                f"{m['mhf_candidates_ms_per_token_b8']:.1f} | "
+                f"{m['mhf_full_ms_per_token_b1']:.1f} / "
+                f"{m['mhf_full_ms_per_token_b8']:.1f} | {s['error']} | — | "
+                f"{m['mhf_candidates_fallback_rate_b1']:.3f} / "
+                f"{m['mhf_candidates_fallback_rate_b8']:.3f} | "
+                f"{m['mhf_score_tokens_per_s']:,.0f} | — | — |"
+            )
+            continue
         lines.append(
             f"| {v:,} | {m['mhf_candidates_ms_per_token_b1']:.1f} / "
             f"{m['mhf_candidates_ms_per_token_b8']:.1f} | "
@@ -715,8 +748,12 @@ def vocabulary_report(results, args, png_path):
             f"{m['mhf_candidates_fallback_rate_b1']:.3f} / "
             f"{m['mhf_candidates_fallback_rate_b8']:.3f} | "
             f"{m['mhf_score_tokens_per_s']:,.0f} | "
-            f"{s['standard_score_tokens_per_s']:,.0f} | "
-            f"{m['mhf_score_tokens_per_s'] / s['standard_score_tokens_per_s']:.2f} |"  # noqa: E501
+            + (
+                f"{s['standard_score_tokens_per_s']:,.0f} | "
+                f"{m['mhf_score_tokens_per_s'] / s['standard_score_tokens_per_s']:.2f} |"  # noqa: E501
+                if "score_error" not in s
+                else f"{s['score_error']} | — |"
+            )
         )
     base = _by(results, "mhf", min(args.vocab))
     for v in args.vocab:
@@ -748,11 +785,12 @@ def vocabulary_report(results, args, png_path):
             ("MHF, full scan", "mhf", "mhf_full"),
             ("Standard (Qwen3)", "standard", "standard"),
         ):
-            values = [
-                _by(results, kind, v)[f"{key}_ms_per_token_b{batch}"]
+            points = [
+                (v, _by(results, kind, v).get(f"{key}_ms_per_token_b{batch}"))
                 for v in args.vocab
             ]
-            axis.plot(args.vocab, values, "o-", label=label)
+            points = [(v, t) for v, t in points if t is not None]
+            axis.plot(*zip(*points), "o-", label=label)
         axis.set_xscale("log")
         axis.set_yscale("log")
         axis.set_xlabel("vocabulary size V")
