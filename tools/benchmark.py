@@ -590,7 +590,10 @@ def inference_worker(kind, vocabulary_size, args):
                 **trunk,
             )
         model.compile(sampler="greedy")
-        result["candidate_buckets"] = model.resolved_candidate_buckets()
+        # Set explicitly, so the search runs at every V (automatic K scans
+        # small vocabularies whole, which is faster there).
+        model.candidate_buckets = model.resolved_candidate_buckets()
+        result["candidate_buckets"] = model.candidate_buckets
         result["max_bucket_load"] = list(
             model.backbone.signature_lookup.max_bucket_load
         )

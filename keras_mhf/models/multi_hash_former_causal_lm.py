@@ -66,6 +66,20 @@ class MultiHashFormerCausalLM(CausalLM):
     Args:
         backbone: a `MultiHashFormerBackbone`.
         preprocessor: a `MultiHashFormerCausalLMPreprocessor` or `None`.
+        scoring_temperature: `tau > 0` of `log_softmax_V(s(w) / tau)`; 1.0
+            (default) is the paper's rule, `calibrate` fits it.
+        decoding: `"candidates"` (default) or `"full"`: how greedy and
+            top-k generation find the vocabulary's top tokens. Both give
+            exactly the same tokens. `"candidates"` searches the tokens of
+            each head's top buckets and certifies the answer (falling back to
+            the full scan when it cannot); with `candidate_buckets=None` it
+            scans the whole vocabulary when that is cheaper, i.e. for
+            vocabularies of at most `CANDIDATE_MIN_VOCABULARY` (262,144)
+            tokens (measured crossover on CPU: the search was slower at 131K
+            tokens and twice as fast at 1M).
+        candidate_buckets: `K`, buckets per head searched; `None` chooses it
+            from the table (about 4,096 candidates per row). Setting it
+            forces the search at any vocabulary size.
         **kwargs: standard `keras_hub.models.CausalLM` arguments.
 
     Example:
