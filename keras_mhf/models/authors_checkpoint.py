@@ -17,6 +17,7 @@ from keras_hub.src.utils.transformers import convert_qwen3
 from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.utils.transformers import weight_names
 
 _REQUIRED = (
     "hidden_size",
@@ -70,6 +71,15 @@ def read_config(directory):
         )
     rope = config.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000))
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in ("default", "linear"):
+        raise ValueError(
+            f"{path}: rope_parameters.rope_type={rope_type!r} is not "
+            "supported; only 'default' and 'linear'."
+        )
+    # keras_mhf's own exports record the rule their table was built with;
+    # the authors' checkpoints use theirs ("reference").
+    signature_rule = config.get("signature_rule", "reference")
     hidden = config["hidden_size"]
     heads = config["num_attention_heads"]
     kwargs = dict(
@@ -85,15 +95,19 @@ def read_config(directory):
         gate_dim=config["bottle_neck_dim"],
         mixer_dim=config["bottle_neck_dim"],
         rope_max_wavelength=rope_theta,
+        rope_scaling_factor=float(rope.get("factor", 1.0))
+        if rope_type == "linear"
+        else 1.0,
         layer_norm_epsilon=config["rms_norm_eps"],
         pad_token_id=config.get("pad_token_id"),
-        signature_rule="reference",
+        signature_rule=signature_rule,
     )
     for key, value in kwargs.items():
         if key not in (
             "pad_token_id",
             "signature_rule",
             "rope_max_wavelength",
+            "rope_scaling_factor",
             "layer_norm_epsilon",
         ):
             if not isinstance(value, int) or value < 1:
@@ -321,7 +335,9 @@ def load_authors_checkpoint(
     )
     num_buckets, hidden = kwargs["num_buckets"], kwargs["hidden_dim"]
     with _CheckedLoader(directory) as loader:
-        hash_map = loader.read("hash_map", (vocabulary_size, num_hashes))
+        hash_map = loader.read(
+            weight_names.HASH_MAP, (vocabulary_size, num_hashes)
+        )
         if not np.issubdtype(hash_map.dtype, np.integer):
             raise ValueError(
                 f"Tensor 'model.hash_map' has dtype {hash_map.dtype}; the "
@@ -333,7 +349,10 @@ def load_authors_checkpoint(
                 f"{num_buckets - 1}] (num_buckets in config.json)."
             )
         table = SignatureTable(
-            hash_map, num_buckets, kwargs["pad_token_id"], "reference"
+            hash_map,
+            num_buckets,
+            kwargs["pad_token_id"],
+            kwargs["signature_rule"],
         )
 
         if isinstance(tokenizer, str):
@@ -353,12 +372,25 @@ def load_authors_checkpoint(
             if tokenizer is not None
             else None
         )
-        model = task_cls(backbone, preprocessor)
+        model = task_cls(
+            backbone, preprocessor, **_task_kwargs(directory)
+        )
         if load_weights:
             _port_weights(loader, model, num_hashes, num_buckets, hidden)
             loader.check_all_used()
     model.check_tokenizer(force=True)
     return model
+
+
+def _task_kwargs(directory):
+    """The task settings a keras_mhf export records in `config.json`
+    (`scoring_temperature`); the authors' checkpoints have none."""
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    kwargs = {}
+    if "scoring_temperature" in config:
+        kwargs["scoring_temperature"] = config["scoring_temperature"]
+    return kwargs
 
 
 def _port_weights(loader, model, num_hashes, num_buckets, hidden):
@@ -371,7 +403,7 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
     # `embed_tokens.weight` is [H * B, d] (or [H, B, d]): rows i*B..(i+1)*B-1
     # are E(i). Read once, split over the per-head variables.
     shape = (num_hashes * num_buckets, hidden)
-    stacked = loader.float_tensor("embed_tokens.weight")
+    stacked = loader.float_tensor(weight_names.EMBED_TOKENS)
     if tuple(stacked.shape) not in (shape, (num_hashes, num_buckets, hidden)):
         loader.read(
             "embed_tokens.weight", shape
@@ -379,20 +411,16 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
     stacked = np.reshape(stacked, (num_hashes, num_buckets, hidden))
     for i, table in enumerate(encoder.embeddings):
         table.assign(np.asarray(stacked[i], dtype="float32"))
-    for dense, key in (
-        (encoder.gate_dense, "combiner.scorer.0"),
-        (encoder.score_dense, "combiner.scorer.2"),
-        (encoder.output_dense, "combiner.output_proj.0"),
-    ):
+    for dense, key in weight_names.encoder_denses(
+        encoder
+    ) + weight_names.mixer_denses(model.hash_decoder):
         loader.port_weight(dense.kernel, f"{key}.weight", transpose)
         loader.port_weight(dense.bias, f"{key}.bias")
-    decoder = model.hash_decoder
-    for k, (down, up) in enumerate(zip(decoder.down_denses, decoder.up_denses)):
-        for dense, key in (
-            (down, f"hash_head.cascade_mixer.{k}.0"),
-            (up, f"hash_head.cascade_mixer.{k}.2"),
-        ):
-            loader.port_weight(dense.kernel, f"{key}.weight", transpose)
-            loader.port_weight(dense.bias, f"{key}.bias")
     # Stock Qwen3 blocks and the final norm, with KerasHub's converter.
     convert_qwen3.convert_weights(_TrunkView(backbone), loader, None)
+
+
+# Public names for the other Hugging Face readers
+# (`keras_mhf.utils.transformers.convert_qwen3`).
+CheckedLoader = _CheckedLoader
+check_weight_files = _check_weight_files

@@ -251,6 +251,26 @@ class MultiHashFormerBackbone(Backbone):
                 "that belongs to this config.json."
             ) from error
 
+    def export_to_transformers(
+        self, path, overwrite=False, max_position_embeddings=32768
+    ):
+        """Writes `config.json`, `generation_config.json` and
+        `model.safetensors` in the authors' Hugging Face format (the whole
+        model: the cascade decoder is part of the backbone; no tokenizer).
+        See `MultiHashFormerCausalLM.export_to_transformers`.
+
+        Example:
+
+        ```python
+        backbone.export_to_transformers("exported_backbone")
+        ```
+        """
+        from keras_mhf.utils.transformers import export_multi_hash_former
+
+        return export_multi_hash_former.export_backbone(
+            self, path, overwrite, max_position_embeddings
+        )
+
     def embed(self, token_ids):
         """Token ids `[b, s]` -> input embeddings `[b, s, d]` (Sec. 3.1)."""
         return self.hash_encoder(self.signature_lookup(token_ids))

@@ -614,6 +614,30 @@ class MultiHashFormerCausalLM(CausalLM):
             verbose=bool(verbose),
         )
 
+    def export_to_transformers(
+        self, path, overwrite=False, max_position_embeddings=32768
+    ):
+        """Writes a Hugging Face checkpoint in the authors' format
+        (`config.json`, `model.safetensors`, `generation_config.json` and
+        the tokenizer files) that their `Qwen3ForCausalLM` loads and
+        `from_preset(path)` reads back; see
+        `keras_mhf.utils.transformers.export_multi_hash_former`. A quantized
+        model and an existing `path` (unless `overwrite`) are refused; the
+        write is atomic.
+
+        Example:
+
+        ```python
+        lm.export_to_transformers("exported_hf")
+        MultiHashFormerCausalLM.from_preset("exported_hf")
+        ```
+        """
+        from keras_mhf.utils.transformers import export_multi_hash_former
+
+        return export_multi_hash_former.export_causal_lm(
+            self, path, overwrite, max_position_embeddings
+        )
+
     def calibrate(
         self, data, batch_size=8, sequence_length=None, max_tokens=4096
     ):

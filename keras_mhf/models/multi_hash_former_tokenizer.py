@@ -48,6 +48,23 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
         self.signature_pad_token_id = None
         super().__init__(proto=proto, **kwargs)
 
+    def export_to_transformers(self, path, overwrite=False):
+        """Writes Hugging Face tokenizer files (`tokenizer.model`,
+        `tokenizer.json`, `tokenizer_config.json`,
+        `special_tokens_map.json`) to a new directory: `AutoTokenizer`
+        then gives exactly this tokenizer's ids, `<s>` prepended. See
+        `keras_mhf.utils.transformers.sentencepiece_tokenizer_files`.
+
+        Example:
+
+        ```python
+        tokenizer.export_to_transformers("exported_tokenizer")
+        ```
+        """
+        from keras_mhf.utils.transformers import hf_exporter
+
+        return hf_exporter.export_tokenizer(self, path, overwrite)
+
     def _update_special_token_ids(self):
         super()._update_special_token_ids()
         vocabulary = self._token_to_id_map

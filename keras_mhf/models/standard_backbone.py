@@ -126,6 +126,24 @@ class StandardBackbone(Backbone):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.dropout = dropout
 
+    def export_to_transformers(
+        self, path, overwrite=False, max_position_embeddings=32768
+    ):
+        """Writes a stock Hugging Face `Qwen3ForCausalLM` checkpoint
+        (no tokenizer); see `StandardCausalLM.export_to_transformers`.
+
+        Example:
+
+        ```python
+        backbone.export_to_transformers("exported_standard_backbone")
+        ```
+        """
+        from keras_mhf.utils.transformers import export_qwen3
+
+        return export_qwen3.export_backbone(
+            self, path, overwrite, max_position_embeddings
+        )
+
     def get_config(self):
         config = super().get_config()
         config.update(

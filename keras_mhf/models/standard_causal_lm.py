@@ -53,6 +53,40 @@ class StandardCausalLM(Qwen3CausalLM):
         logits = self.backbone.token_embedding(hidden_states, reverse=True)
         return keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
 
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Loads a KerasHub preset directory, or a Hugging Face
+        `Qwen3ForCausalLM` checkpoint directory (as `export_to_transformers`
+        writes; `tokenizer`, `dtype` and `sequence_length` may be given)."""
+        from keras_mhf.utils.transformers import convert_qwen3
+
+        if convert_qwen3.is_qwen3_checkpoint(preset):
+            return convert_qwen3.load_qwen3_checkpoint(
+                cls, preset, load_weights=load_weights, **kwargs
+            )
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+
+    def export_to_transformers(
+        self, path, overwrite=False, max_position_embeddings=32768
+    ):
+        """Writes a stock Hugging Face `Qwen3ForCausalLM` checkpoint
+        (`config.json`, `model.safetensors`, `generation_config.json`, the
+        tokenizer files) that `transformers.AutoModelForCausalLM` and
+        `from_preset(path)` load; see
+        `keras_mhf.utils.transformers.export_qwen3`.
+
+        Example:
+
+        ```python
+        standard.export_to_transformers("exported_standard_hf")
+        ```
+        """
+        from keras_mhf.utils.transformers import export_qwen3
+
+        return export_qwen3.export_causal_lm(
+            self, path, overwrite, max_position_embeddings
+        )
+
     # The same SavedModel endpoints and compile-state saving as
     # MultiHashFormerCausalLM.
     export = MultiHashFormerCausalLM.export

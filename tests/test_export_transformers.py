@@ -1,0 +1,338 @@
+"""Hugging Face export (`export_to_transformers`): the authors' format for
+MultiHashFormer, a stock Qwen3 checkpoint for the Standard baseline, the
+tokenizer files, and the write's guarantees (refusals, atomicity)."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import sentencepiece as spm
+from keras import ops
+from safetensors import safe_open
+
+from keras_mhf.models import MultiHashFormerCausalLM
+from keras_mhf.models import MultiHashFormerTokenizer
+from keras_mhf.models import StandardCausalLM
+from keras_mhf.models import standard_causal_lm
+from keras_mhf.utils.transformers import hf_exporter
+from keras_mhf.vocabulary_expansion import expand_sentencepiece
+from tests.conftest import REPO
+
+TEXTS = [
+    "The cell is the basic unit of life.",
+    "Energy is conserved  in a closed system,\n\nso work and heat balance.",
+    "  Water boils at one hundred degrees.",
+]
+IDS = np.array([[1, 5, 17, 33, 60, 2, 90, 41], [1, 7, 8, 9, 10, 11, 12, 13]])
+
+
+def read_safetensors(path):
+    with safe_open(path, framework="np") as f:
+        return {key: f.get_tensor(key) for key in f.keys()}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(small_proto):
+    return MultiHashFormerTokenizer(small_proto)
+
+
+@pytest.fixture(scope="module")
+def mhf(tokenizer):
+    keras.utils.set_random_seed(0)
+    lm = MultiHashFormerCausalLM.from_tokenizer(
+        tokenizer, "tiny_h3b64", sequence_length=16, num_layers=1
+    )
+    lm.scoring_temperature = 0.8
+    return lm
+
+
+@pytest.fixture(scope="module")
+def mhf_dir(mhf, tmp_path_factory):
+    path = tmp_path_factory.mktemp("mhf") / "hf"
+    assert mhf.export_to_transformers(str(path)) == str(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def standard(tokenizer):
+    keras.utils.set_random_seed(1)
+    return standard_causal_lm(
+        tokenizer, "tiny", sequence_length=16, num_layers=1
+    )
+
+
+@pytest.fixture(scope="module")
+def standard_dir(standard, tmp_path_factory):
+    path = tmp_path_factory.mktemp("standard") / "hf"
+    standard.export_to_transformers(str(path))
+    return path
+
+
+def test_mhf_round_trip_gives_the_same_log_probs(mhf, mhf_dir):
+    assert sorted(os.listdir(mhf_dir)) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+    ]
+    loaded = MultiHashFormerCausalLM.from_preset(str(mhf_dir))
+    assert loaded.scoring_temperature == pytest.approx(0.8)
+    assert loaded.backbone.signature_rule == mhf.backbone.signature_rule
+    expected = ops.convert_to_numpy(mhf.score(IDS))
+    actual = ops.convert_to_numpy(loaded.score(IDS))
+    np.testing.assert_allclose(actual, expected, atol=1e-6, rtol=0)
+
+
+def test_mhf_keys_shapes_dtypes_and_config(mhf, mhf_dir):
+    backbone = mhf.backbone
+    H, B, d = backbone.num_hashes, backbone.num_buckets, backbone.hidden_dim
+    V, g = backbone.vocabulary_size, backbone.gate_dim
+    tensors = read_safetensors(mhf_dir / "model.safetensors")
+    expected = {
+        "model.hash_map": ((V, H), "int64"),
+        "model.embed_tokens.weight": ((H * B, d), "float32"),
+        "model.combiner.scorer.0.weight": ((g, d), "float32"),
+        "model.combiner.scorer.0.bias": ((g,), "float32"),
+        "model.combiner.scorer.2.weight": ((1, g), "float32"),
+        "model.combiner.scorer.2.bias": ((1,), "float32"),
+        "model.combiner.output_proj.0.weight": ((d, d), "float32"),
+        "model.combiner.output_proj.0.bias": ((d,), "float32"),
+        "model.norm.weight": ((d,), "float32"),
+    }
+    q = backbone.num_query_heads * backbone.head_dim
+    kv = backbone.num_key_value_heads * backbone.head_dim
+    ff = backbone.intermediate_dim
+    hd = backbone.head_dim
+    for n in range(backbone.num_layers):
+        p = f"model.layers.{n}."
+        expected.update(
+            {
+                p + "self_attn.q_proj.weight": ((q, d), "float32"),
+                p + "self_attn.k_proj.weight": ((kv, d), "float32"),
+                p + "self_attn.v_proj.weight": ((kv, d), "float32"),
+                p + "self_attn.o_proj.weight": ((d, q), "float32"),
+                p + "self_attn.q_norm.weight": ((hd,), "float32"),
+                p + "self_attn.k_norm.weight": ((hd,), "float32"),
+                p + "mlp.gate_proj.weight": ((ff, d), "float32"),
+                p + "mlp.up_proj.weight": ((ff, d), "float32"),
+                p + "mlp.down_proj.weight": ((d, ff), "float32"),
+                p + "input_layernorm.weight": ((d,), "float32"),
+                p + "post_attention_layernorm.weight": ((d,), "float32"),
+            }
+        )
+    m = backbone.mixer_dim
+    for k in range(H - 1):
+        p = f"hash_head.cascade_mixer.{k}."
+        expected.update(
+            {
+                p + "0.weight": ((m, 2 * d), "float32"),
+                p + "0.bias": ((m,), "float32"),
+                p + "2.weight": ((d, m), "float32"),
+                p + "2.bias": ((d,), "float32"),
+            }
+        )
+    assert {k: (v.shape, str(v.dtype)) for k, v in tensors.items()} == expected
+    np.testing.assert_array_equal(
+        tensors["model.hash_map"],
+        backbone.signature_lookup.get_signatures(),
+    )
+    np.testing.assert_array_equal(
+        tensors["model.embed_tokens.weight"][B : 2 * B],
+        ops.convert_to_numpy(backbone.hash_encoder.embeddings[1]),
+    )
+    np.testing.assert_array_equal(  # torch [out, in]
+        tensors["model.combiner.scorer.0.weight"],
+        ops.convert_to_numpy(backbone.hash_encoder.gate_dense.kernel).T,
+    )
+    config = json.loads((mhf_dir / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["model_type"] == "qwen3"
+    assert (config["num_hashes"], config["num_buckets"]) == (H, B)
+    assert config["num_lsh"] == 0 and config["bottle_neck_dim"] == g
+    assert config["use_conditional_prob"] is True
+    assert config["tie_word_embeddings"] is True
+    assert config["pad_token_id"] == backbone.pad_token_id == 2
+    assert config["rope_parameters"] == {
+        "rope_type": "default",
+        "rope_theta": 1_000_000.0,
+    }
+    assert (config["bos_token_id"], config["eos_token_id"]) == (1, 2)
+    generation = json.loads((mhf_dir / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == 2
+
+
+def test_standard_round_trip(standard, standard_dir):
+    loaded = StandardCausalLM.from_preset(str(standard_dir))
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(loaded.score(IDS)),
+        ops.convert_to_numpy(standard.score(IDS)),
+        atol=1e-6,
+        rtol=0,
+    )
+    tensors = read_safetensors(standard_dir / "model.safetensors")
+    assert tensors["model.embed_tokens.weight"].shape == (
+        standard.backbone.vocabulary_size,
+        standard.backbone.hidden_dim,
+    )
+    assert "lm_head.weight" not in tensors
+
+
+def test_standard_loads_in_transformers_with_the_same_logits(
+    standard, standard_dir
+):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model = transformers.Qwen3ForCausalLM.from_pretrained(str(standard_dir))
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(
+        logits, ops.convert_to_numpy(standard.score(IDS)), atol=1e-5, rtol=0
+    )
+
+
+def auto_tokenizer(path):
+    transformers = pytest.importorskip("transformers")
+    try:
+        return transformers.AutoTokenizer.from_pretrained(str(path))
+    except Exception as error:  # e.g. a backend missing offline
+        pytest.skip(f"AutoTokenizer cannot be built here: {error}")
+
+
+def test_exported_tokenizer_gives_our_ids(tokenizer, mhf_dir):
+    hf = auto_tokenizer(mhf_dir)
+    for text in TEXTS:
+        ours = [1] + [int(i) for i in ops.convert_to_numpy(tokenizer(text))]
+        assert hf(text)["input_ids"] == ours
+
+
+def test_exported_mistral_tokenizer_matches_sentencepiece(
+    mistral_model_path, tmp_path
+):
+    path = MultiHashFormerTokenizer(mistral_model_path).export_to_transformers(
+        str(tmp_path / "tokenizer")
+    )
+    hf = auto_tokenizer(path)
+    sp = spm.SentencePieceProcessor(model_file=mistral_model_path)
+    texts = TEXTS + [
+        "The mitochondria is",
+        "细胞是生命的基本单位。 émoji 🤖\ttab",
+        "<s> [INST] literal control text",
+    ]
+    assert hf("The mitochondria is")["input_ids"] == [
+        1,
+        1183,
+        3135,
+        4810,
+        1857,
+        4699,
+        1117,
+    ]
+    for text in texts:
+        assert hf(text)["input_ids"] == [1] + sp.encode(text)
+
+
+def test_existing_directory_is_refused_unless_overwrite(mhf, tmp_path):
+    path = tmp_path / "out"
+    path.mkdir()
+    (path / "old.txt").write_text("old")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        mhf.export_to_transformers(str(path))
+    assert os.listdir(path) == ["old.txt"]
+    mhf.backbone.export_to_transformers(str(path), overwrite=True)
+    assert "old.txt" not in os.listdir(path)
+    assert "tokenizer.model" not in os.listdir(path)  # backbone only
+
+
+def test_failed_write_leaves_no_partial_directory(mhf, tmp_path, monkeypatch):
+    def fail(*args):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(hf_exporter, "write_tokenizer", fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        mhf.export_to_transformers(str(tmp_path / "new"))
+    assert os.listdir(tmp_path) == []  # no directory, no staging left
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "keep.txt").write_text("previous export")
+    with pytest.raises(RuntimeError, match="disk full"):
+        mhf.export_to_transformers(str(old), overwrite=True)
+    assert os.listdir(tmp_path) == ["old"]
+    assert (old / "keep.txt").read_text() == "previous export"
+
+
+def test_quantized_model_is_refused(tokenizer, tmp_path):
+    lm = MultiHashFormerCausalLM.from_tokenizer(
+        tokenizer, "tiny_h3b64", sequence_length=16, num_layers=1
+    )
+    lm.backbone.quantize_hash_tables("int8")
+    with pytest.raises(ValueError, match="quantized"):
+        lm.export_to_transformers(str(tmp_path / "q"))
+    assert not (tmp_path / "q").exists()
+
+
+def test_expanded_vocabulary_exports_its_grown_table(
+    mhf, small_proto, tmp_path
+):
+    new_proto, pieces = expand_sentencepiece(
+        small_proto, {"zh": ["细胞是生命的基本单位。"] * 5}, 10
+    )
+    (tmp_path / "new.model").write_bytes(new_proto)
+    grown = mhf.expand_vocabulary(
+        tokenizer=MultiHashFormerTokenizer(str(tmp_path / "new.model"))
+    )
+    # expand_sentencepiece adds "▁细" but not "细": SentencePiece can form
+    # it, Hugging Face BPE cannot, and the export says so.
+    with pytest.warns(UserWarning, match="not itself a piece"):
+        path = grown.export_to_transformers(str(tmp_path / "hf"))
+    tensors = read_safetensors(os.path.join(path, "model.safetensors"))
+    V = mhf.backbone.vocabulary_size
+    assert tensors["model.hash_map"].shape == (V + len(pieces), 3)
+    np.testing.assert_array_equal(
+        tensors["model.hash_map"][:V],
+        mhf.backbone.signature_lookup.get_signatures(),
+    )
+    loaded = MultiHashFormerCausalLM.from_preset(path)
+    ids = np.array([[1, V, V + 1, 5]])
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(loaded.score(ids)),
+        ops.convert_to_numpy(grown.score(ids)),
+        atol=1e-6,
+        rtol=0,
+    )
+    hf = auto_tokenizer(path)
+    text = "The cell is 是生命"
+    ours = [1] + [
+        int(i) for i in ops.convert_to_numpy(grown.preprocessor.tokenizer(text))
+    ]
+    assert hf(text)["input_ids"] == ours
+
+
+def test_tools_export_writes_transformers(mhf, tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "tools_export", REPO / "tools" / "export.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    mhf.save_to_preset(str(tmp_path / "preset"))
+    tool.main(
+        [
+            "--format",
+            "transformers",
+            "--preset",
+            str(tmp_path / "preset"),
+            "--output",
+            str(tmp_path / "hf"),
+        ]
+    )
+    assert (tmp_path / "hf" / "model.safetensors").exists()
+    assert (
+        json.loads((tmp_path / "hf" / "config.json").read_text())["num_hashes"]
+        == mhf.backbone.num_hashes
+    )
