@@ -41,6 +41,7 @@ Importable: `from keras_mhf.pretraining import pretrain`.
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -128,6 +129,13 @@ def build_parser():
         "windows at the end (the second half is reported either way)"
         # The formatter would print "(default: True)" for calibrate.
         "%(default).0s",
+    )
+    p.add_argument(
+        "--no-verify",
+        dest="no_verify",
+        action="store_true",
+        help="do not re-hash the prepared corpus's shards against index.json "
+        "(and check their token ids) when the run starts or resumes",
     )
     p.add_argument(
         "--checkpoint-every",
@@ -246,7 +254,9 @@ def main(argv=None):
     if problem:
         parser.error(problem)
     from keras_mhf.pretraining import CheckpointError
+    from keras_mhf.pretraining import DiskFullError
     from keras_mhf.pretraining import NonFiniteTrainingError
+    from keras_mhf.pretraining import OutputLockedError
     from keras_mhf.pretraining import RunConfigError
     from keras_mhf.pretraining import pretrain
 
@@ -276,13 +286,27 @@ def main(argv=None):
             distribution=args.distribution,
             mesh=args.mesh,
             compilation_cache=args.compilation_cache,
+            verify_data=not args.no_verify,
             verbose=0 if args.quiet else 1,
         )
     except RunConfigError as error:
         parser.error(str(error))
-    except (NonFiniteTrainingError, CheckpointError) as error:
+    except (
+        NonFiniteTrainingError,
+        CheckpointError,
+        DiskFullError,
+        OutputLockedError,
+    ) as error:
         name = type(error).__name__
         print(f"{parser.prog}: error: {name}: {error}", file=sys.stderr)
+        if isinstance(error, DiskFullError):
+            # HDF5 keeps the file whose write failed and closes it again at
+            # interpreter exit, which crashes the process (exit 139) while
+            # the disk is still full: everything is written and flushed, so
+            # the process ends here instead.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         sys.exit(1)
     print(json.dumps(summary, indent=2))
     return summary

@@ -4,6 +4,7 @@ other settings, and a diverging loss. Every resumed run must end with the
 uninterrupted run's weights, to the bit; nothing non-finite or partial may
 ever be loaded or written."""
 
+import json
 import os
 import re
 import shutil
@@ -227,7 +228,11 @@ def test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start(
     with pytest.warns(UserWarning):
         with pytest.raises(CheckpointError, match="none can be loaded"):
             pretrain(corpus[0], output, **RUN)
-    assert not os.path.exists(os.path.join(output, "summary.json"))
+    with open(os.path.join(output, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["status"] == "failed"
+    assert summary["error"] == "CheckpointError"
+    assert not os.path.exists(os.path.join(output, "preset"))
 
 
 @pytest.mark.parametrize(
@@ -319,26 +324,35 @@ def test_a_diverging_run_stops_keeps_its_last_finite_checkpoint_and_fails(
     )
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "Traceback" not in done.stderr
-    # The loss turns non-finite, or (on some backends) first the weights.
+    # The training loss, the validation loss or (on some backends) first
+    # the weights turn non-finite; a checkpoint needs all of them finite.
     match = re.search(
-        r"error: (NonFiniteLossError: the training loss|NonFiniteWeightsError: "
-        r"the weights) became non-finite .*?(at|by) step (\d+)[ ;].*The last "
-        r"finite checkpoint \(step (\d+)\) is kept in (\S+)\. Rerun with a "
+        r"error: (NonFiniteLossError: the (training|validation) "
+        r"loss|NonFiniteWeightsError: the weights) became non-finite "
+        r".*?(at|by) step (\d+)[ ;].*(The last good checkpoint \(step "
+        r"(\d+): finite weights, optimizer state and validation loss\) is "
+        r"kept in (\S+)\.|No checkpoint had been written yet\.) Rerun with a "
         r"lower --learning-rate \(it was 1e\+06\)",
         done.stderr,
     )
     assert match, done.stderr[-2000:]
-    bad_step, kept_step, kept = int(match[3]), int(match[4]), match[5]
+    bad_step = int(match[4])
+    kept_step = int(match[6]) if match[6] else 0
     assert kept_step == bad_step - 1 and bad_step < 6
-    assert kept == str(output / "checkpoints" / f"step_{kept_step:06d}")
-    assert checkpoints(str(output))[-1] == f"step_{kept_step:06d}"
+    if kept_step:
+        assert match[7] == str(output / "checkpoints" / f"step_{kept_step:06d}")
+        assert checkpoints(str(output))[-1] == f"step_{kept_step:06d}"
     for name in checkpoints(str(output)):
         assert finite_everywhere(
             output / "checkpoints" / name / "model.weights.h5"
         )
-    for artifact in ("preset", "summary.json"):
-        assert not (output / artifact).exists()
+        with open(output / "checkpoints" / name / "state.json") as f:
+            assert np.isfinite(json.load(f)["validation_loss"])
     assert not any(p.name.startswith("preset") for p in output.iterdir())
+    with open(output / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["status"] == "failed"
+    assert summary["last_good_step"] == (kept_step or None)
 
 
 def test_a_resumed_run_never_replaces_a_good_checkpoint_with_a_bad_one(
@@ -367,7 +381,9 @@ def test_a_resumed_run_never_replaces_a_good_checkpoint_with_a_bad_one(
     assert error.value.step in (3, 4)
     assert error.value.checkpoint.endswith("step_000002")
     assert contents() == before
-    assert not os.path.exists(os.path.join(output, "summary.json"))
+    with open(os.path.join(output, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["status"] == "failed" and summary["last_good_step"] == 2
 
 
 def test_non_finite_weights_are_never_checkpointed(

@@ -90,6 +90,8 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     from keras_mhf.data.prepare import prepare_data
+    from keras_mhf.utils.disk_space import is_disk_full
+    from keras_mhf.utils.output_lock import OutputLockedError
 
     try:
         prepare_data(
@@ -107,8 +109,15 @@ def main(argv=None):
             on_error=args.on_error,
             progress=not args.quiet,
         )
-    except (ValueError, OSError) as error:
-        print(f"prepare_data: error: {error}", file=sys.stderr)
+    except (ValueError, OSError, OutputLockedError) as error:
+        message = str(error)
+        if is_disk_full(error):
+            message = (
+                f"no space left on device while writing {args.output} "
+                f"({error.strerror}); free space and rerun the same command "
+                "to continue where it stopped"
+            )
+        print(f"prepare_data: error: {message}", file=sys.stderr)
         return 1
     return 0
 

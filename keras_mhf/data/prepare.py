@@ -52,6 +52,8 @@ from keras_mhf.data.prepared_corpus import INDEX_FILE
 from keras_mhf.data.prepared_corpus import SPLITS
 from keras_mhf.data.prepared_corpus import STATE_FILE
 from keras_mhf.data.prepared_corpus import read_index
+from keras_mhf.utils.output_lock import LOCK_FILE
+from keras_mhf.utils.output_lock import output_lock
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 128 MiB per shard with uint16 tokens
 CHUNK_TEXT_CHARS = 1 << 20  # text per tokenization task
@@ -500,6 +502,41 @@ def prepare_data(
     corpus = PreparedCorpus("prepared/")
     ```
     """
+    workers = _check_arguments(
+        workers, shard_tokens, on_error, validation_inputs, validation_fraction
+    )
+    sp, proto, header, train_files, validation_files = _header(
+        inputs,
+        tokenizer_path,
+        validation_inputs,
+        validation_fraction,
+        shard_tokens,
+        on_error,
+    )
+    output_dir = os.fspath(output_dir)
+    created = not os.path.exists(output_dir)
+    with output_lock(output_dir, "prepare_data"):
+        return _prepare_locked(
+            output_dir,
+            created,
+            header,
+            sp,
+            proto,
+            train_files,
+            validation_files,
+            validation_fraction,
+            validation_inputs,
+            workers,
+            on_error,
+            progress,
+            _stop_after_shards,
+        )
+
+
+def _check_arguments(
+    workers, shard_tokens, on_error, validation_inputs, validation_fraction
+):
+    """The checks of `prepare_data`'s arguments; returns the worker count."""
     if workers is None:
         workers = available_cores()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -526,6 +563,19 @@ def prepare_data(
             f"{validation_fraction!r}; or pass validation_inputs "
             "(--validation)."
         )
+    return workers
+
+
+def _header(
+    inputs,
+    tokenizer_path,
+    validation_inputs,
+    validation_fraction,
+    shard_tokens,
+    on_error,
+):
+    """The tokenizer and what defines the preparation (`index.json`'s
+    header), before anything is written."""
     sp, proto = _load_tokenizer(tokenizer_path)
     dtype = token_dtype(sp.get_piece_size())
     train_files = list_corpus_files(inputs)
@@ -564,10 +614,26 @@ def prepare_data(
         },
         "on_error": on_error,
     }
+    return sp, proto, header, train_files, validation_files
+
+
+def _prepare_locked(
+    output_dir,
+    created,
+    header,
+    sp,
+    proto,
+    train_files,
+    validation_files,
+    validation_fraction,
+    validation_inputs,
+    workers,
+    on_error,
+    progress,
+    _stop_after_shards,
+):
+    """`prepare_data` in `output_dir`, under its lock."""
     report = _Progress(progress, 0, 0)
-    output_dir = os.fspath(output_dir)
-    created = not os.path.exists(output_dir)
-    os.makedirs(output_dir, exist_ok=True)
     state_path = os.path.join(output_dir, STATE_FILE)
     if os.path.exists(os.path.join(output_dir, INDEX_FILE)):
         index = read_index(output_dir)
@@ -588,7 +654,7 @@ def prepare_data(
             f"prepare_data: resuming the unfinished run in {output_dir}."
         )
     else:
-        if os.listdir(output_dir):
+        if set(os.listdir(output_dir)) - {LOCK_FILE}:
             raise ValueError(
                 f"{output_dir} is not empty and holds no prepare_data run; "
                 "choose a new or empty output directory."
@@ -614,8 +680,8 @@ def prepare_data(
         split: _ShardWriter(
             output_dir,
             split,
-            dtype,
-            shard_tokens,
+            np.dtype(header["dtype"]),
+            header["shard_tokens"],
             state["splits"][split],
             on_complete,
         )
@@ -648,8 +714,8 @@ def prepare_data(
         for writer in writers.values():
             writer.remove_files()
         os.remove(state_path)
-        if created and not os.listdir(output_dir):
-            os.rmdir(output_dir)
+        if created and set(os.listdir(output_dir)) <= {LOCK_FILE}:
+            _remove_directory_and_lock(output_dir)
         raise error
     index = dict(header)
     index["complete"] = True
@@ -667,6 +733,14 @@ def prepare_data(
         + "."
     )
     return index
+
+
+def _remove_directory_and_lock(directory):
+    """Removes a directory this run created that holds only its lock."""
+    lock = os.path.join(directory, LOCK_FILE)
+    if os.path.exists(lock):
+        os.remove(lock)
+    os.rmdir(directory)
 
 
 def _run(

@@ -23,6 +23,7 @@ first = corpus.read("train", 0, 17)  # int32, may cross shard boundaries
 import hashlib
 import json
 import os
+import time
 
 import numpy as np
 
@@ -265,7 +266,7 @@ class PreparedCorpus:
             )
         offsets = self._offsets[split]
         out = np.empty(length, np.int32)
-        done = 0
+        done, first = 0, start
         shard = int(np.searchsorted(offsets, start, side="right")) - 1
         while done < length:
             local = start + done - int(offsets[shard])
@@ -277,6 +278,7 @@ class PreparedCorpus:
             ]
             done += take
             shard += 1
+        self._check_window_ids(split, out[None], np.array([first]))
         return out
 
     def windows(self, split, starts, length):
@@ -312,6 +314,7 @@ class PreparedCorpus:
                 out[rows[inside]] = view[local[inside]]
             for row in rows[~inside]:
                 out[row] = self.read(split, int(starts[row]), length)
+        self._check_window_ids(split, out, starts)
         return out
 
     def check_tokenizer(self, tokenizer):
@@ -338,22 +341,80 @@ class PreparedCorpus:
             )
 
     def verify_checksums(self):
-        """Re-hashes every shard and raises if one differs from its recorded
-        sha256 (reads the whole corpus; the constructor only checks sizes).
+        """Re-hashes every shard and checks its token ids, streaming (the
+        constructor only checks sizes); raises naming the first damaged
+        shard.
+
+        Returns:
+            dict: `shards`, `bytes` and `seconds` (the time it took).
+
+        Raises:
+            ValueError: a shard whose sha256 differs from `index.json`, or
+                that holds a token id outside the tokenizer's vocabulary
+                (named with its token offset).
 
         Example:
 
         ```python
-        PreparedCorpus("prepared/openstax").verify_checksums()
+        PreparedCorpus("prepared/openstax").verify_checksums()["bytes"]
         ```
         """
+        started = time.perf_counter()
+        count = total = 0
+        block = (1 << 20) // self.dtype.itemsize * self.dtype.itemsize
         for split in SPLITS:
             for shard, path in zip(
                 self._shards[split], self.shard_paths(split)
             ):
-                if file_sha256(path) != shard["sha256"]:
+                digest = hashlib.sha256()
+                offset = 0
+                with open(path, "rb") as f:
+                    for data in iter(lambda: f.read(block), b""):
+                        digest.update(data)
+                        ids = np.frombuffer(data, self.dtype)
+                        self._check_ids(ids, path, offset)
+                        offset += ids.size
+                        total += len(data)
+                if digest.hexdigest() != shard["sha256"]:
                     raise ValueError(
                         f"Shard {path} does not match its sha256 in "
                         f"{INDEX_FILE}: it is damaged. Re-run "
                         "tools/prepare_data.py into a new directory."
                     )
+                count += 1
+        return {
+            "shards": count,
+            "bytes": total,
+            "seconds": time.perf_counter() - started,
+        }
+
+    def _check_ids(self, ids, path, offset):
+        """Raises if a token id of `ids` (tokens `offset...` of the shard
+        `path`) is outside the tokenizer's vocabulary."""
+        if ids.size and int(ids.max()) >= self.vocabulary_size:
+            where = int(np.argmax(ids >= self.vocabulary_size))
+            raise ValueError(
+                f"Shard {path} holds token id {int(ids[where])} at token "
+                f"offset {offset + where} (byte "
+                f"{(offset + where) * self.dtype.itemsize}), outside the "
+                f"tokenizer's vocabulary [0, {self.vocabulary_size - 1}]: the "
+                "shard is damaged. Re-run tools/prepare_data.py into a new "
+                "directory."
+            )
+
+    def _check_window_ids(self, split, out, starts):
+        """Names the shard and offset of an out-of-vocabulary id in windows
+        `out` that start at stream offsets `starts`."""
+        if not out.size or int(out.max()) < self.vocabulary_size:
+            return
+        row, column = np.argwhere(out >= self.vocabulary_size)[0]
+        position = int(starts[row]) + int(column)
+        offsets = self._offsets[split]
+        shard = int(np.searchsorted(offsets, position, side="right")) - 1
+        local = position - int(offsets[shard])
+        path = self.shard_paths(split)[shard]
+        self._check_ids(
+            np.asarray(self._map(split, shard)[local : local + 1]),
+            path,
+            local,
+        )

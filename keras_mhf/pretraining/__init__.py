@@ -37,7 +37,16 @@ settings resumes from the newest complete checkpoint, reads nothing it already
 read, and ends with the same weights, to the bit, as an uninterrupted run.
 
 A run stops at the first non-finite training loss (`NonFiniteLossError`) and
-never writes a checkpoint, preset or summary from non-finite weights.
+never writes a checkpoint, preset or summary from non-finite weights; a
+checkpoint is written only when its weights, optimizer state and validation
+loss are finite, so the one a stopped run keeps can be resumed.
+
+One run writes to an output at a time (`OUTPUT/.keras_mhf.lock`, released
+when the process ends however it ends); `OUTPUT/run.json` records the run's
+settings; the prepared corpus is verified (sha256, token ids) when a run
+starts or resumes; a full disk stops the run with a one-line
+`DiskFullError` and no temporary files; `summary.json` is written on every
+exit (`status`, `reason`, `last_good_step`).
 
 The modules, in the order a run uses them:
 
@@ -54,7 +63,9 @@ The modules, in the order a run uses them:
 | `validation` | the final calibration and held-out validation |
 | `run` | `finish` (preset, summary) and `pretrain` |
 
-The run's API is re-exported here; the helpers the modules share (e.g.
+`DiskFullError` and `OutputLockedError` (from `keras_mhf.utils`) are
+re-exported here too. The run's API is re-exported here; the helpers the
+modules share (e.g.
 `config.is_primary`, `checkpoints.check_finite`, the `files` functions) are
 imported from their module. To replace something for a test or a tool,
 patch the module that defines it, which is where the run looks it up
@@ -84,6 +95,7 @@ from keras_mhf.pretraining.checkpoints import checkpoint_directory
 from keras_mhf.pretraining.checkpoints import latest_checkpoint
 from keras_mhf.pretraining.checkpoints import list_checkpoints
 from keras_mhf.pretraining.checkpoints import read_checkpoint
+from keras_mhf.pretraining.checkpoints import record_run
 from keras_mhf.pretraining.checkpoints import resume
 from keras_mhf.pretraining.checkpoints import run_settings
 from keras_mhf.pretraining.checkpoints import save_checkpoint
@@ -125,3 +137,5 @@ from keras_mhf.pretraining.training import train_chunk
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
 from keras_mhf.pretraining.validation import validate_final_model
+from keras_mhf.utils.disk_space import DiskFullError
+from keras_mhf.utils.output_lock import OutputLockedError

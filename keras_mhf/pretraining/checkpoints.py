@@ -9,6 +9,7 @@ atomic step; older ones are pruned only after that (the last
 nothing non-finite is ever written (`check_finite`).
 """
 
+import gc
 import json
 import math
 import os
@@ -24,6 +25,7 @@ from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.config import writing_alone
 from keras_mhf.pretraining.errors import CheckpointError
+from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.errors import NonFiniteWeightsError
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.files import file_sha256
@@ -31,6 +33,10 @@ from keras_mhf.pretraining.files import fsync_directory
 from keras_mhf.pretraining.files import fsync_file
 from keras_mhf.pretraining.files import write_atomically
 from keras_mhf.pretraining.logs import trim_log
+from keras_mhf.utils.disk_space import DiskFullError
+from keras_mhf.utils.disk_space import check_free_space
+from keras_mhf.utils.disk_space import directory_bytes
+from keras_mhf.utils.disk_space import is_disk_full
 
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_FORMAT = "keras_mhf.pretraining_checkpoint"
@@ -67,6 +73,51 @@ def run_settings(config, data):
         "mixed_precision": bool(config.mixed_precision),
         "data": data.fingerprint,
     }
+
+
+RUN_RECORD = "run.json"
+
+
+def record_run(config, data):
+    """Step "record": writes the run's settings (`run_settings`) to
+    `OUTPUT/run.json` on its first start, and refuses a later command on
+    the same output whose settings differ, before it trains or writes
+    anything (also when the first run stopped before its first checkpoint).
+
+    Raises:
+        RunConfigError: `run.json` records other settings.
+
+    Example:
+
+    ```python
+    record_run(config, load_data(config))  # writes or checks run.json
+    ```
+    """
+    path = config.path(RUN_RECORD)
+    wanted = run_settings(config, data)
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                found = json.load(f)["settings"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise RunConfigError(
+                f"{path} is unreadable ({error}); delete it only if "
+                f"{config.output_dir} holds nothing you need, or use a new "
+                "--output."
+            ) from error
+        if found != wanted:
+            raise RunConfigError(
+                f"{config.output_dir} belongs to a run with other settings ("
+                + _differences(found, wanted, "recorded")
+                + f"; see {path}). Rerun with those settings to "
+                "resume it, or use a new --output."
+            )
+        return
+    if is_primary():
+        write_atomically(
+            path,
+            json.dumps({"settings": wanted}, indent=1).encode("utf-8"),
+        )
 
 
 def _optimizer_settings(config):
@@ -211,11 +262,10 @@ def _remove_stale(config):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def _differences(found, wanted):
+def _differences(found, wanted, where="in the checkpoint"):
     keys = [k for k in wanted if found.get(k) != wanted[k]]
     return "; ".join(
-        f"{k}: {str(found.get(k))[:16]} in the checkpoint, now "
-        f"{str(wanted[k])[:16]}"
+        f"{k}: {str(found.get(k))[:16]} {where}, now {str(wanted[k])[:16]}"
         for k in keys
     )
 
@@ -338,23 +388,34 @@ def _kept_message(kept):
         return "No checkpoint had been written yet."
     directory, state = kept
     return (
-        f"The last finite checkpoint (step {state['step']}) is kept in "
-        f"{directory}."
+        f"The last good checkpoint (step {state['step']}: finite weights, "
+        f"optimizer state and validation loss) is kept in {directory}."
     )
 
 
-def save_checkpoint(config, lm, data, step, train_loss=None):
+def save_checkpoint(
+    config, lm, data, step, train_loss=None, validation_loss=None
+):
     """Step "checkpoint": writes weights (model and optimizer state) and the
     run state as one directory, atomically, then prunes older checkpoints
     (the last `KEEP_CHECKPOINTS` are kept). Only process 0 writes.
 
-    The directory is written as `checkpoints/.tmp-step_NNNNNN-PID/`
-    (`model.weights.h5`, then `state.json` with the weights' size and
-    sha256), flushed to disk, and renamed `checkpoints/step_NNNNNN/`.
+    Only a good checkpoint is written: finite weights and optimizer state,
+    and (when given) a finite validation loss, so that the checkpoint a
+    stopped run keeps can always be resumed. The directory is written as
+    `checkpoints/.tmp-step_NNNNNN-PID/` (`model.weights.h5`, then
+    `state.json` with the weights' size and sha256), flushed to disk, and
+    renamed `checkpoints/step_NNNNNN/`. Before writing, the free space is
+    checked against the size of the last checkpoint (or, for the first, of
+    the variables).
 
     Raises:
         NonFiniteWeightsError: a weight is NaN or infinite (nothing is
             written).
+        NonFiniteLossError: `validation_loss` is NaN or infinite (nothing is
+            written).
+        DiskFullError: the file system is (or would be) full; the
+            temporary directory is removed and older checkpoints are kept.
 
     Returns:
         The checkpoint directory.
@@ -362,20 +423,87 @@ def save_checkpoint(config, lm, data, step, train_loss=None):
     Example:
 
     ```python
-    save_checkpoint(config, lm, data, step=100)  # .../step_000100
+    save_checkpoint(config, lm, data, step=100, validation_loss=5.2)
     ```
     """
     check_finite(config, lm, step, "checkpoint")
+    if validation_loss is not None and not math.isfinite(validation_loss):
+        kept = latest_checkpoint(config)
+        raise NonFiniteLossError(
+            f"the validation loss became non-finite ({validation_loss}) at "
+            f"step {step} although the training loss was finite "
+            f"({train_loss}); no checkpoint was written from these weights. "
+            + what_now(config, kept),
+            step,
+            kept[0] if kept else None,
+        )
     final = checkpoint_directory(config, step)
     if not is_primary():
         return final
     root = config.path(CHECKPOINTS)
     os.makedirs(root, exist_ok=True)
-    temporary = os.path.join(
-        root, f"{_TEMPORARY_PREFIX}{os.path.basename(final)}-{os.getpid()}"
-    )
+    name = os.path.basename(final)
+    temporary = os.path.join(root, f"{_TEMPORARY_PREFIX}{name}-{os.getpid()}")
     if os.path.exists(temporary):
         shutil.rmtree(temporary)
+    check_free_space(
+        root,
+        _checkpoint_estimate(config, lm),
+        f"checkpoint {name}",
+        _resume_advice(config),
+    )
+    problem = None
+    try:
+        _write_checkpoint(
+            config, lm, data, step, train_loss, validation_loss, temporary
+        )
+    except OSError as error:
+        if not is_disk_full(error):
+            raise
+        problem = str(error).splitlines()[0]
+    if problem is not None:
+        _discard_failed_write(temporary)
+        raise DiskFullError(
+            f"no space left on device while writing checkpoint {name} in "
+            f"{root} ({problem[:120]}); the temporary directory was removed. "
+            + _resume_advice(config)
+        )
+    if os.path.exists(final):  # only an unusable leftover can be there
+        shutil.rmtree(final)
+    os.replace(temporary, final)
+    fsync_directory(root)
+    hooks.event("checkpoint_renamed", path=final)
+    for _, old in list_checkpoints(config)[KEEP_CHECKPOINTS:]:
+        doomed = os.path.join(
+            root, f"{_TEMPORARY_PREFIX}prune-{os.path.basename(old)}"
+        )
+        os.replace(old, doomed)  # atomic: never seen half deleted
+        shutil.rmtree(doomed)
+    return final
+
+
+def _discard_failed_write(directory):
+    """Removes the directory of a write that failed for lack of space.
+
+    HDF5 keeps a file whose close failed open, and closes it again at
+    interpreter exit, where the process crashes if the write still fails:
+    the files are emptied first (which frees their space), so that the
+    pending close, run here by the garbage collector, succeeds.
+    """
+    for root, _, names in os.walk(directory):
+        for name in names:
+            try:
+                os.truncate(os.path.join(root, name), 0)
+            except OSError:
+                pass
+    gc.collect()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def _write_checkpoint(
+    config, lm, data, step, train_loss, validation_loss, temporary
+):
+    """The files of a checkpoint, in its temporary directory, flushed."""
     os.makedirs(temporary)
     weights = os.path.join(temporary, WEIGHTS_FILE)
     with writing_alone():
@@ -389,6 +517,9 @@ def save_checkpoint(config, lm, data, step, train_loss=None):
         "chunk": math.ceil(step / config.checkpoint_every),
         "tokens_seen": step * config.batch_size * config.sequence_length,
         "train_loss": None if train_loss is None else float(train_loss),
+        "validation_loss": (
+            None if validation_loss is None else float(validation_loss)
+        ),
         "settings": run_settings(config, data),
         "optimizer": _optimizer_settings(config),
         "weights": {
@@ -403,15 +534,41 @@ def save_checkpoint(config, lm, data, step, train_loss=None):
     )
     fsync_directory(temporary)
     hooks.event("checkpoint_complete", path=temporary)
-    if os.path.exists(final):  # only an unusable leftover can be there
-        shutil.rmtree(final)
-    os.replace(temporary, final)
-    fsync_directory(root)
-    hooks.event("checkpoint_renamed", path=final)
-    for _, old in list_checkpoints(config)[KEEP_CHECKPOINTS:]:
-        doomed = os.path.join(
-            root, f"{_TEMPORARY_PREFIX}prune-{os.path.basename(old)}"
-        )
-        os.replace(old, doomed)  # atomic: never seen half deleted
-        shutil.rmtree(doomed)
-    return final
+
+
+def variable_bytes(lm, optimizer=True):
+    """Bytes of the model's variables (and its optimizer's): an estimate of
+    a checkpoint's (or, without the optimizer, a preset's) size.
+
+    Example:
+
+    ```python
+    variable_bytes(lm)  # e.g. 2_100_000 for tiny_h4b1024 with AdamW
+    ```
+    """
+    variables = list(lm.weights)
+    if optimizer and lm.optimizer is not None:
+        variables += list(lm.optimizer.variables)
+    return sum(
+        int(np.prod(v.shape))
+        * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize
+        for v in variables
+    )
+
+
+def _checkpoint_estimate(config, lm):
+    """The size of the last checkpoint, or of the variables for the first."""
+    checkpoints = list_checkpoints(config)
+    if checkpoints:
+        return directory_bytes(checkpoints[0][1])
+    return variable_bytes(lm) * 11 // 10
+
+
+def _resume_advice(config):
+    kept = latest_checkpoint(config)
+    where = (
+        f"The last complete checkpoint is step {kept[1]['step']} ({kept[0]})"
+        if kept
+        else "no checkpoint had been written yet"
+    )
+    return f"{where}; free space and rerun the same command to resume."

@@ -67,6 +67,7 @@ class RunConfig:
     distribution: str = None
     mesh: object = None
     compilation_cache: str = "auto"
+    verify_data: bool = True
     verbose: int = 1
 
     @property
@@ -127,10 +128,10 @@ class RunConfig:
                 "--validation-fraction must be between 0 and 1 (exclusive), "
                 f"got {self.validation_fraction!r}"
             )
-        if not isinstance(self.calibrate, (bool, np.bool_)):
-            problems.append(
-                f"calibrate must be True or False, got {self.calibrate!r}"
-            )
+        for name in ("calibrate", "verify_data"):
+            value = getattr(self, name)
+            if not isinstance(value, (bool, np.bool_)):
+                problems.append(f"{name} must be True or False, got {value!r}")
         if self.model not in MODELS:
             problems.append(
                 f"--model must be 'mhf' or 'standard', got {self.model!r}"

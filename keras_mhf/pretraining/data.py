@@ -220,6 +220,25 @@ def _tokenizer_for_prepared(config, corpus):
     )
 
 
+def _verify(config, corpus):
+    """Checks every shard's sha256 and token ids once, before the run
+    trusts the corpus (`verify_data`; `--no-verify` skips it)."""
+    try:
+        report = corpus.verify_checksums()
+    except ValueError as error:
+        raise RunConfigError(
+            f"{error} (pass --no-verify only to train on it anyway)"
+        ) from error
+    if config.verbose:
+        seconds = max(report["seconds"], 1e-6)
+        print(
+            f"Verified {report['shards']} shards of {corpus.directory} "
+            f"({report['bytes'] / 1e6:,.1f} MB, sha256 and token ids) in "
+            f"{report['seconds']:.2f} s ({report['bytes'] / 1e6 / seconds:,.0f}"
+            " MB/s)."
+        )
+
+
 def _recorded(corpus):
     return corpus.index["tokenizer"].get("path") or "path not recorded"
 
@@ -296,9 +315,14 @@ def load_data(config):
     (`OUTPUT/tokenizer.model`), and a prepared directory uses the tokenizer
     file recorded in its index if it still has the recorded sha256.
 
+    With `config.verify_data` (the default), every shard's sha256 is checked
+    against `index.json` and every token id against the tokenizer's
+    vocabulary before the run trusts the corpus.
+
     Raises:
-        RunConfigError: a tokenizer that does not match the corpus, a
-            missing tokenizer, `validation_data` with a prepared directory,
+        RunConfigError: a damaged shard (it is named), a tokenizer that does
+            not match the corpus, a missing tokenizer, `validation_data`
+            with a prepared directory,
             or a split shorter than one window of `sequence_length + 1`.
 
     Example:
@@ -326,6 +350,8 @@ def load_data(config):
             )
         tokenizer_path, prepared = _prepare_raw_text(config)
         corpus = _open_corpus(prepared)
+    if config.verify_data:
+        _verify(config, corpus)
     for split in ("train", "validation"):
         tokens = corpus.num_tokens(split)
         if tokens < config.sequence_length + 1:

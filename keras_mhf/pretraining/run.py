@@ -2,17 +2,24 @@
 that acts on the final model and writes its preset and summary (see the
 package docstring for the whole run)."""
 
+import contextlib
+import gc
 import json
 import os
 import re
 import shutil
+import signal
+import threading
 import time
+import warnings
 
 from keras_mhf.pretraining import training
 from keras_mhf.pretraining.checkpoints import check_finite
 from keras_mhf.pretraining.checkpoints import list_checkpoints
+from keras_mhf.pretraining.checkpoints import record_run
 from keras_mhf.pretraining.checkpoints import resume
 from keras_mhf.pretraining.checkpoints import save_checkpoint
+from keras_mhf.pretraining.checkpoints import variable_bytes
 from keras_mhf.pretraining.config import RunConfig
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import run_scope
@@ -25,7 +32,11 @@ from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row
 from keras_mhf.pretraining.validation import describe
 from keras_mhf.pretraining.validation import validate_final_model
+from keras_mhf.utils.disk_space import DiskFullError
+from keras_mhf.utils.disk_space import check_free_space
+from keras_mhf.utils.disk_space import is_disk_full
 from keras_mhf.utils.keras_utils import count_trainable_parameters
+from keras_mhf.utils.output_lock import output_lock
 
 
 def finish(config, lm, data, step):
@@ -51,6 +62,7 @@ def finish(config, lm, data, step):
     """
     finished = step >= config.steps
     summary = {
+        "status": "finished" if finished else "incomplete",
         "model": config.model,
         "architecture": config.architecture,
         "parameters": count_trainable_parameters(lm),
@@ -66,7 +78,12 @@ def finish(config, lm, data, step):
     checkpoints = list_checkpoints(config)
     if checkpoints:
         summary["checkpoint"] = os.path.abspath(checkpoints[0][1])
+        summary["last_good_step"] = checkpoints[0][0]
     if not finished:
+        summary["reason"] = (
+            f"stopped at step {step} of {config.steps}; rerun the same "
+            "command to resume"
+        )
         return summary
     check_finite(config, lm, step, "preset or summary")
     results = validate_final_model(config, lm, data)
@@ -81,28 +98,50 @@ def finish(config, lm, data, step):
     plot = plot_log(config.path("log.csv"), config.path("loss.png"))
     if plot:
         summary["plot"] = os.path.abspath(plot)
-    write_atomically(
-        config.path("summary.json"),
-        json.dumps(summary, indent=2).encode("utf-8"),
-    )
     return summary
 
 
 def _save_preset(lm, preset):
     """`save_to_preset` into a temporary directory, flushed, then renamed
-    over `preset` (an older preset is replaced only by a complete one)."""
+    over `preset` (an older preset is replaced only by a complete one).
+
+    Raises:
+        DiskFullError: the file system is (or would be) full; the temporary
+            directory is removed and an older preset is kept.
+    """
     parent = os.path.dirname(os.path.abspath(preset))
     stale = re.compile(re.escape(os.path.basename(preset)) + r"\.(tmp|old)-")
     for name in os.listdir(parent):  # left by a run killed while writing
         if stale.match(name):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    advice = (
+        "The checkpoints are complete; free space and rerun the same command "
+        "to write the preset from the last one."
+    )
+    check_free_space(
+        parent, variable_bytes(lm, optimizer=False), "the preset", advice
+    )
     temporary = f"{preset}.tmp-{os.getpid()}"
-    with writing_alone():
-        lm.save_to_preset(temporary)
-    for root, _, names in os.walk(temporary):
-        for name in names:
-            fsync_file(os.path.join(root, name))
-    fsync_directory(temporary)
+    problem = None
+    try:
+        with writing_alone():
+            lm.save_to_preset(temporary)
+        for root, _, names in os.walk(temporary):
+            for name in names:
+                fsync_file(os.path.join(root, name))
+        fsync_directory(temporary)
+    except OSError as error:
+        if not is_disk_full(error):
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+        problem = str(error).splitlines()[0]
+    if problem is not None:
+        gc.collect()  # frees the failed write's files here, not at exit
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise DiskFullError(
+            f"no space left on device while writing the preset {preset} "
+            f"({problem[:120]}); the temporary directory was removed. " + advice
+        )
     if os.path.exists(preset):
         old = f"{preset}.old-{os.getpid()}"
         os.replace(preset, old)
@@ -111,6 +150,69 @@ def _save_preset(lm, preset):
     else:
         os.replace(temporary, preset)
     fsync_directory(parent)
+
+
+def _write_summary(config, summary):
+    """`summary.json`, atomically; a failure to write it (e.g. a full disk)
+    is reported as a warning, so it never hides the run's own error."""
+    try:
+        write_atomically(
+            config.path("summary.json"),
+            json.dumps(summary, indent=2).encode("utf-8"),
+        )
+    except OSError as error:
+        warnings.warn(
+            f"Could not write {config.path('summary.json')}: {error}",
+            stacklevel=2,
+        )
+
+
+def _failure_summary(config, error):
+    """The summary of a run that stopped on an error or a signal: status,
+    reason, and the last good checkpoint (the one a rerun resumes from)."""
+    interrupted = isinstance(error, (KeyboardInterrupt, SystemExit))
+    reason = str(error).strip() or type(error).__name__
+    if isinstance(error, SystemExit):
+        reason = f"stopped by a signal or exit (exit status {error.code})"
+    summary = {
+        "status": "interrupted" if interrupted else "failed",
+        "reason": reason,
+        "error": type(error).__name__,
+        "model": config.model,
+        "architecture": config.architecture,
+        "steps": config.steps,
+        "finished": False,
+        "last_good_step": None,
+        "checkpoint": None,
+    }
+    try:
+        checkpoints = list_checkpoints(config)
+    except OSError:
+        checkpoints = []
+    if checkpoints:
+        summary["last_good_step"] = checkpoints[0][0]
+        summary["checkpoint"] = os.path.abspath(checkpoints[0][1])
+    summary["log"] = os.path.abspath(config.path("log.csv"))
+    return summary
+
+
+@contextlib.contextmanager
+def _terminate_as_exit():
+    """Turns SIGTERM (what a cluster sends before it kills a job) into
+    `SystemExit(143)` during the run, so that the run's summary says how it
+    ended; the previous handler is restored afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def pretrain(data, output_dir, stop_after_chunks=None, **settings):
@@ -155,23 +257,36 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
             `mesh` (`(batch, model)` sizes or `"2x4"`),
             `compilation_cache` (JAX: where compiled programs are kept so
             that a resumed run starts training within seconds; `"auto"`:
-            `output_dir/compilation_cache`; `None` or `"none"`: off) and
-            `verbose`.
+            `output_dir/compilation_cache`; `None` or `"none"`: off),
+            `verify_data` (re-hash every shard of the prepared corpus
+            against its `index.json` and check its token ids when the run
+            starts or resumes; default `True`) and `verbose`.
+
+    The run holds an exclusive lock on `output_dir` (a second run on it is
+    refused, naming the first; the lock dies with the process), records
+    its settings in `run.json` (a later command with other settings is
+    refused), and writes `summary.json` on every exit once it holds the
+    lock: `status` is `"finished"`, `"incomplete"` (stopped early),
+    `"failed"` (an error: `reason`, `error`) or `"interrupted"` (Ctrl-C,
+    SIGTERM), with `last_good_step` and `checkpoint`, the checkpoint a
+    rerun resumes from.
 
     Returns:
         `(lm, summary)`: the trained model (an MHF model with its calibrated
-        scoring temperature) and the summary dict (also written to
-        `summary.json` when the run finished; for a finished run it holds
-        `validation`, `validation_paper_rule`, `scoring_temperature`,
-        `calibration` and `validation_windows`, see
+        scoring temperature) and the summary dict (also `summary.json`; for
+        a finished run it holds `validation`, `validation_paper_rule`,
+        `scoring_temperature`, `calibration` and `validation_windows`, see
         `keras_mhf.pretraining.validation.validate_final_model`).
 
     Raises:
         RunConfigError: invalid settings, or data, tokenizer or checkpoint
             that do not fit them (raised before training).
         CheckpointError: checkpoints exist but none can be loaded.
-        NonFiniteLossError: the training loss became NaN or infinite; the
-            last finite checkpoint is kept.
+        NonFiniteLossError: the training or validation loss became NaN or
+            infinite; the last good checkpoint is kept.
+        DiskFullError: the output's file system is full (one-line message
+            naming what was being written and the last complete checkpoint).
+        OutputLockedError: another process is writing to `output_dir`.
         NonFiniteWeightsError: a weight became non-finite.
 
     Example:
@@ -184,10 +299,38 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
     """
     config = RunConfig(data=data, output_dir=output_dir, **settings)
     config.validate()
+    with contextlib.ExitStack() as stack:
+        if is_primary():  # only process 0 writes
+            stack.enter_context(
+                output_lock(config.output_dir, "a pre-training run")
+            )
+        stack.enter_context(_terminate_as_exit())
+        try:
+            lm, summary = _run(config, stop_after_chunks)
+        except BaseException as error:
+            if is_primary():
+                _write_summary(config, _failure_summary(config, error))
+            if is_disk_full(error):
+                raise DiskFullError(
+                    f"no space left on device while writing to "
+                    f"{config.output_dir} ({str(error).splitlines()[0]}); "
+                    "free space and rerun the same command to resume from "
+                    "the last complete checkpoint."
+                ) from None
+            raise
+        if is_primary():
+            _write_summary(config, summary)
+    return lm, summary
+
+
+def _run(config, stop_after_chunks):
+    """The steps of `pretrain` (see the package docstring), under the
+    output's lock; returns `(lm, summary)`."""
     with run_scope(config):
         run_data = load_data(config)
         if is_primary():
             os.makedirs(config.output_dir, exist_ok=True)
+        record_run(config, run_data)
         lm = training.build_run_model(config, run_data.tokenizer)
         step = resume(config, lm, run_data)
         started = time.time()
@@ -201,9 +344,14 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
             )
             # Looked up at call time: a test replaces it to poison a chunk.
             history = training.train_chunk(config, lm, run_data, step, last)
-            write_log_row(config, lm, run_data, history, last, started)
+            row = write_log_row(config, lm, run_data, history, last, started)
             save_checkpoint(
-                config, lm, run_data, last, history.history["loss"][-1]
+                config,
+                lm,
+                run_data,
+                last,
+                history.history["loss"][-1],
+                validation_loss=row["val_loss"],
             )
             step, chunks = last, chunks + 1
         summary = finish(config, lm, run_data, step)

@@ -1,0 +1,161 @@
+"""One writer per output directory: an exclusive advisory lock that dies
+with its process.
+
+Pre-training runs (`keras_mhf.pretraining.pretrain`) and corpus preparation
+(`keras_mhf.data.prepare_data`) hold `DIR/.keras_mhf.lock` while they write
+into `DIR`. The lock is an `fcntl.flock` lock: the kernel releases it when
+the process ends, however it ends (a SIGKILLed run never blocks the next
+one), and a second process that asks for it is refused at once with an error
+that names the holder (pid, host, start time, command line), which the lock
+file records.
+
+Example:
+
+```python
+from keras_mhf.utils.output_lock import output_lock
+
+with output_lock("runs/mhf", "a pre-training run"):
+    ...  # nothing else can lock runs/mhf until this block ends
+```
+"""
+
+import contextlib
+import datetime
+import json
+import os
+import socket
+import sys
+import warnings
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system
+    fcntl = None
+
+LOCK_FILE = ".keras_mhf.lock"
+
+# Lock descriptors this process holds. A forked child (e.g. a tokenizer
+# worker) closes its copies, so that the lock goes with the process that
+# took it, not with children that outlive it.
+_HELD = set()
+
+
+def _close_in_child():
+    for descriptor in list(_HELD):
+        try:
+            os.close(descriptor)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
+
+class OutputLockedError(RuntimeError):
+    """Another process holds the lock of an output directory.
+
+    Attributes:
+        holder: what the lock file says about the holder (a dict; empty when
+            it could not be read).
+
+    Example:
+
+    ```python
+    try:
+        pretrain("prepared/openstax", "runs/mhf")
+    except OutputLockedError as error:
+        print(error.holder.get("pid"))
+    ```
+    """
+
+    def __init__(self, message, holder):
+        super().__init__(message)
+        self.holder = holder
+
+
+def _describe(holder):
+    if not holder:
+        return "another process (its lock file could not be read)"
+    command = " ".join(holder.get("command", []))
+    if len(command) > 200:
+        command = command[:197] + "..."
+    return (
+        f"process {holder.get('pid')} on {holder.get('host')} (started "
+        f"{holder.get('started')}: {holder.get('purpose')}; command: "
+        f"{command})"
+    )
+
+
+def _read_holder(descriptor):
+    try:
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        text = os.read(descriptor, 1 << 16).decode("utf-8")
+        holder = json.loads(text)
+        return holder if isinstance(holder, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def output_lock(directory, purpose):
+    """Holds the exclusive lock of `directory` (created if needed) for the
+    block.
+
+    Args:
+        directory: the output directory.
+        purpose: what the holder does, recorded for the error a second
+            process gets (e.g. `"a pre-training run"`).
+
+    Raises:
+        OutputLockedError: another process holds the lock; nothing was
+            written.
+
+    Example:
+
+    ```python
+    with output_lock("prepared/openstax", "prepare_data"):
+        ...
+    ```
+    """
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, LOCK_FILE)
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        if fcntl is None:
+            warnings.warn(
+                f"This platform has no fcntl: {directory} is not locked "
+                "against a second process writing to it.",
+                stacklevel=3,
+            )
+        else:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except (BlockingIOError, PermissionError):
+                holder = _read_holder(descriptor)
+                raise OutputLockedError(
+                    f"{directory} is being written by {_describe(holder)}. "
+                    "Only one run may write to a directory at a time: wait "
+                    "for it to finish (or stop it), or use another output "
+                    "directory.",
+                    holder,
+                ) from None
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            ),
+            "purpose": purpose,
+            "command": list(sys.argv),
+        }
+        os.ftruncate(descriptor, 0)
+        os.lseek(descriptor, 0, os.SEEK_SET)
+        os.write(descriptor, json.dumps(record).encode("utf-8"))
+        _HELD.add(descriptor)
+        yield record
+    finally:
+        _HELD.discard(descriptor)
+        os.close(descriptor)  # releases the lock
