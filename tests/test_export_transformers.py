@@ -336,3 +336,26 @@ def test_tools_export_writes_transformers(mhf, tmp_path):
         json.loads((tmp_path / "hf" / "config.json").read_text())["num_hashes"]
         == mhf.backbone.num_hashes
     )
+
+
+def test_bfloat16_model_exports_bfloat16_weights(tokenizer, tmp_path):
+    lm = MultiHashFormerCausalLM.from_tokenizer(
+        tokenizer,
+        "tiny_h3b64",
+        sequence_length=16,
+        num_layers=1,
+        dtype="bfloat16",
+    )
+    path = lm.export_to_transformers(str(tmp_path / "bf16"))
+    tensors = read_safetensors(os.path.join(path, "model.safetensors"))
+    assert str(tensors["model.embed_tokens.weight"].dtype) == "bfloat16"
+    assert str(tensors["model.hash_map"].dtype) == "int64"
+    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"
+    loaded = MultiHashFormerCausalLM.from_preset(path, dtype="bfloat16")
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(loaded.score(IDS)),
+        ops.convert_to_numpy(lm.score(IDS)),
+        atol=1e-6,
+        rtol=0,
+    )

@@ -182,7 +182,12 @@ class _CheckedLoader(SafetensorLoader):
     def float_tensor(self, hf_weight_key):
         """A weight: must hold floating-point values."""
         tensor = self.get_tensor(hf_weight_key)
-        if not np.issubdtype(tensor.dtype, np.floating):
+        # bfloat16 (ml_dtypes; the authors train and release in bf16) is not
+        # a numpy floating type.
+        if not (
+            np.issubdtype(tensor.dtype, np.floating)
+            or str(tensor.dtype) == "bfloat16"
+        ):
             raise ValueError(
                 f"Tensor '{hf_weight_key}' has dtype {tensor.dtype}; weights "
                 "must be floating point. The checkpoint is not a "
