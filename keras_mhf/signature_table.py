@@ -9,6 +9,9 @@ import hashlib
 import mmh3
 import numpy as np
 
+# Imports torch only when LSH heads are built (`num_lsh > 0`).
+from keras_mhf import signature_lsh
+
 RULES = ("unique", "reference", "repeated")
 # Bucket ids are stored and gathered as int32.
 MAX_BUCKETS = 2**31 - 1
@@ -37,6 +40,14 @@ class SignatureTable:
       repeated in every one of the `H` heads: the paper's single-ID ablation
       (Table 3) at the parameter budget of an `H`-head model.
 
+    LSH heads (the authors' ablation, paper Sec. 6): with `num_lsh = L > 0`,
+    heads `0..L-1` are the authors' locality-sensitive ids of the token's
+    character trigrams (`keras_mhf.signature_lsh`, which needs PyTorch for
+    their random projections), heads `L..H-2` are MurmurHash3 with seed = head
+    index, and the last head (seed `H-1`) is re-hashed on collisions as above.
+    With `L == H` (pure LSH) there is no collision handling at all, as in the
+    authors' code, so only `rule="reference"` accepts it.
+
     Build tables with `SignatureTable.from_tokens`; the constructor wraps an
     existing `[V, H]` array (for instance one read from a checkpoint).
 
@@ -48,6 +59,8 @@ class SignatureTable:
             build (and later expand) the table.
         tokens: optional list of the `V` token strings the table was built
             from.
+        num_lsh: int, `L`, the number of leading LSH heads (0 to `H`).
+            Defaults to 0.
 
     Example:
 
@@ -58,6 +71,9 @@ class SignatureTable:
     )
     table.signatures  # int32 [4, 2]; row 0 is (0, 0)
     table = table.expand(["▁dog"])  # old rows never change
+    lsh = keras_mhf.SignatureTable.from_tokens(  # head 0 is LSH (needs torch)
+        ["<pad>", "▁the", "▁then"], 2, 16, pad_token_id=0, num_lsh=1
+    )
     ```
     """
 
@@ -68,6 +84,7 @@ class SignatureTable:
         pad_token_id=None,
         rule="unique",
         tokens=None,
+        num_lsh=0,
     ):
         signatures = np.asarray(signatures)
         if (
@@ -90,6 +107,7 @@ class SignatureTable:
             num_buckets,
             pad_token_id,
             rule,
+            num_lsh,
         )
         if signatures.min() < 0 or signatures.max() >= num_buckets:
             raise ValueError(
@@ -107,12 +125,19 @@ class SignatureTable:
         self.pad_token_id = None if pad_token_id is None else int(pad_token_id)
         self.rule = rule
         self.tokens = None if tokens is None else list(tokens)
+        self.num_lsh = int(num_lsh)
 
     # --- Construction -------------------------------------------------------
 
     @classmethod
     def from_tokens(
-        cls, tokens, num_hashes, num_buckets, pad_token_id=None, rule="unique"
+        cls,
+        tokens,
+        num_hashes,
+        num_buckets,
+        pad_token_id=None,
+        rule="unique",
+        num_lsh=0,
     ):
         """Builds the table for `tokens` (a list of strings in id order).
 
@@ -122,17 +147,22 @@ class SignatureTable:
             num_buckets: int, `B >= 2` (bucket 0 included).
             pad_token_id: int or `None`; this token gets signature `(0,...,0)`.
             rule: `"unique"`, `"reference"` or `"repeated"`.
+            num_lsh: int `0 <= L <= H`, leading heads that are the authors'
+                LSH ids of character trigrams (their ablation; needs
+                PyTorch, imported only when `L > 0`). Defaults to 0.
 
         Returns:
             A `SignatureTable`.
 
         Raises:
-            ValueError: empty or duplicate vocabulary, bad hyper-parameters, or
-                (rule `"unique"`) a capacity that cannot hold the vocabulary.
+            ValueError: empty or duplicate vocabulary, bad hyper-parameters,
+                (rule `"unique"`) a capacity that cannot hold the vocabulary,
+                or a `num_lsh` the rule cannot serve.
+            ImportError: `num_lsh > 0` without PyTorch.
         """
         tokens = _check_tokens(tokens)
         _check_hyperparameters(
-            len(tokens), num_hashes, num_buckets, pad_token_id, rule
+            len(tokens), num_hashes, num_buckets, pad_token_id, rule, num_lsh
         )
         table = cls.__new__(cls)
         table.signatures = np.zeros((0, num_hashes), "int32")
@@ -140,6 +170,7 @@ class SignatureTable:
         table.pad_token_id = None if pad_token_id is None else int(pad_token_id)
         table.rule = rule
         table.tokens = []
+        table.num_lsh = int(num_lsh)
         return table._append(tokens)
 
     def expand(self, new_tokens):
@@ -175,6 +206,7 @@ class SignatureTable:
             self.pad_token_id,
             self.rule,
             self.tokens,
+            self.num_lsh,
         )
         return expanded._append(new_tokens)
 
@@ -183,6 +215,7 @@ class SignatureTable:
             return self._append_repeated(new_tokens)
         num_hashes = self.num_hashes
         num_buckets = self.num_buckets
+        num_lsh = self.num_lsh
         real = num_buckets - 1
         last = num_hashes - 1
         old_size = self.signatures.shape[0]
@@ -193,6 +226,16 @@ class SignatureTable:
             self.pad_token_id,
             self.rule,
         )
+        lsh_rows = None
+        if num_lsh:
+            pad = self.pad_token_id
+            if pad is not None:
+                pad = pad - old_size if pad >= old_size else None
+            lsh = signature_lsh.lsh_ids(new_tokens, num_lsh, num_buckets, pad)
+            if num_lsh == num_hashes:
+                # Pure LSH: the authors' code has no collision handling.
+                return self._concatenate(lsh, new_tokens)
+            lsh_rows = [tuple(int(b) for b in row) for row in lsh]
         # Rebuild the collision state from the existing rows (id order), exactly
         # as it stood after processing them.
         state = {}
@@ -209,10 +252,13 @@ class SignatureTable:
             if token_id == self.pad_token_id:
                 self._remember(state, (0,) * last, 0, True)
                 continue
+            # MurmurHash3 heads use seed = head index (after any LSH heads).
             prefix = tuple(
                 hash128(token, seed=seed, x64arch=True, signed=False) % real + 1
-                for seed in range(last)
+                for seed in range(num_lsh, last)
             )
+            if lsh_rows is not None:
+                prefix = lsh_rows[k] + prefix
             bucket = (
                 hash128(token, seed=last, x64arch=True, signed=False) % real + 1
             )
@@ -244,8 +290,11 @@ class SignatureTable:
             self._remember(state, prefix, bucket, False)
             out[k, :last] = prefix
             out[k, last] = bucket
+        return self._concatenate(out, new_tokens)
+
+    def _concatenate(self, rows, new_tokens):
         self.signatures = np.concatenate(
-            [self.signatures, out.astype("int32")], 0
+            [self.signatures, rows.astype("int32")], 0
         )
         self.tokens = list(self.tokens) + list(new_tokens)
         return self
@@ -257,6 +306,7 @@ class SignatureTable:
         single.pad_token_id = self.pad_token_id
         single.rule = "reference"
         single.tokens = self.tokens
+        single.num_lsh = 0
         single._append(new_tokens)
         self.signatures = np.tile(single.signatures, (1, self.num_hashes))
         self.tokens = single.tokens
@@ -305,8 +355,19 @@ class SignatureTable:
         `load` (real tokens / capacity), `distinct_signatures` (real tokens),
         `duplicate_tokens` (real tokens sharing a full signature with an
         earlier one), `prefix_collisions` (real tokens whose `(H-1)`-prefix
-        was already used), `max_tokens_per_prefix`, and `bucket_usage` (per
-        head, the fraction of the `B-1` real buckets in use).
+        was already used), `max_tokens_per_prefix`, `bucket_usage` (per
+        head, the fraction of the `B-1` real buckets in use), `num_lsh`, and
+        for the LSH heads (`None` without them): `lsh_distinct` (distinct
+        LSH-part tuples among real tokens), `lsh_shared_tokens` (real tokens
+        whose LSH part equals an earlier token's) and
+        `max_tokens_per_lsh_id` (the most tokens sharing one LSH tuple).
+
+        Example:
+
+        ```python
+        table = SignatureTable.from_tokens(["a", "b", "c"], 2, 16)
+        table.statistics()["duplicate_tokens"]  # 0
+        ```
         """
         rows = self.signatures
         real = np.ones(len(rows), bool)
@@ -322,6 +383,14 @@ class SignatureTable:
             float(len(np.unique(rows[:, i])) / (self.num_buckets - 1))
             for i in range(self.num_hashes)
         ]
+        lsh_distinct = lsh_shared = lsh_max = None
+        if self.num_lsh and len(rows):
+            _, lsh_counts = np.unique(
+                rows[:, : self.num_lsh], axis=0, return_counts=True
+            )
+            lsh_distinct = int(len(lsh_counts))
+            lsh_shared = int(len(rows) - len(lsh_counts))
+            lsh_max = int(lsh_counts.max())
         return {
             "vocabulary_size": self.vocabulary_size,
             "num_hashes": self.num_hashes,
@@ -334,6 +403,10 @@ class SignatureTable:
             "prefix_collisions": int(len(rows) - len(counts)),
             "max_tokens_per_prefix": int(counts.max()) if len(rows) else 0,
             "bucket_usage": usage,
+            "num_lsh": self.num_lsh,
+            "lsh_distinct": lsh_distinct,
+            "lsh_shared_tokens": lsh_shared,
+            "max_tokens_per_lsh_id": lsh_max,
         }
 
     def __len__(self):
@@ -346,7 +419,9 @@ class SignatureTable:
         return (
             f"SignatureTable(vocabulary_size={self.vocabulary_size}, "
             f"num_hashes={self.num_hashes}, num_buckets={self.num_buckets}, "
-            f"rule={self.rule!r}, fingerprint={self.fingerprint[:12]})"
+            f"rule={self.rule!r}, "
+            + (f"num_lsh={self.num_lsh}, " if self.num_lsh else "")
+            + f"fingerprint={self.fingerprint[:12]})"
         )
 
 
@@ -390,7 +465,7 @@ def _check_tokens(tokens):
 
 
 def _check_hyperparameters(
-    vocabulary_size, num_hashes, num_buckets, pad_token_id, rule
+    vocabulary_size, num_hashes, num_buckets, pad_token_id, rule, num_lsh=0
 ):
     if not isinstance(num_hashes, (int, np.integer)) or num_hashes < 1:
         raise ValueError(
@@ -409,6 +484,7 @@ def _check_hyperparameters(
         )
     if rule not in RULES:
         raise ValueError(f"`rule` must be one of {RULES}; got {rule!r}.")
+    check_num_lsh(num_lsh, num_hashes, rule)
     if pad_token_id is not None and not (0 <= pad_token_id < vocabulary_size):
         raise ValueError(
             f"`pad_token_id`={pad_token_id} is out of range for a vocabulary "
@@ -418,6 +494,34 @@ def _check_hyperparameters(
     _check_capacity(
         vocabulary_size, num_hashes, num_buckets, pad_token_id, rule
     )
+
+
+def check_num_lsh(num_lsh, num_hashes, rule):
+    """Raises a clear `ValueError` unless `num_lsh` LSH heads fit `num_hashes`
+    heads under `rule` (`0 <= num_lsh <= num_hashes`; pure LSH only with the
+    authors' `"reference"` rule; none with `"repeated"`)."""
+    if (
+        isinstance(num_lsh, bool)
+        or not isinstance(num_lsh, (int, np.integer))
+        or not 0 <= num_lsh <= num_hashes
+    ):
+        raise ValueError(
+            f"`num_lsh` must be an int from 0 to num_hashes={num_hashes} (the "
+            f"number of leading LSH heads); got {num_lsh!r}."
+        )
+    if num_lsh and rule == "repeated":
+        raise ValueError(
+            "rule='repeated' (the single-ID ablation) has no LSH heads; use "
+            "num_lsh=0 with it."
+        )
+    if num_lsh == num_hashes and num_lsh and rule == "unique":
+        raise ValueError(
+            f"num_lsh={num_lsh} = num_hashes makes every head an LSH id, and "
+            "LSH ids have no collision handling (tokens spelled alike share "
+            "them), so signatures cannot be guaranteed unique. Use "
+            "rule='reference' (the authors' pure-LSH tables), or leave at "
+            "least one MurmurHash3 head (num_lsh < num_hashes)."
+        )
 
 
 def _check_capacity(

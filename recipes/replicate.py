@@ -8,8 +8,11 @@ command (paper Tables 1 and 3, Sec. 5-6).
 Trains, with the same data order, token budget, optimizer, schedule and trunk:
 Standard; Standard+kL (k so that its parameters match MHF H4's, as the paper's
 parameter-matched baseline); MHF H3 with B chosen so its embedding parameters
-match Standard's; MHF H4 B16384; and the single-ID ablation at H4's parameter
-budget (one authors'-rule hash id repeated in all four heads, paper Table 3).
+match Standard's; MHF H4 B16384; the single-ID ablation at H4's parameter
+budget (one authors'-rule hash id repeated in all four heads, paper Table 3);
+and, only when asked for (`--models mhf_lsh1`), the LSH ablation (paper Sec. 6,
+"MMH3 vs. LSH"): H4 B16384 whose first head is the authors' LSH id of the
+token's character trigrams (`num_lsh=1`; needs PyTorch).
 Every MHF model is calibrated at the end of its run (`recipes/pretrain.py`'s
 default): its scoring temperature is fit on the first half of the validation
 windows. It reports on the second half (held out from that fit, the same
@@ -80,7 +83,9 @@ def parse_args(argv=None):
         "--models",
         nargs="*",
         default=None,
-        help="subset of: standard standard+kL mhf_h3 mhf_h4 single_id",
+        help="subset of: standard standard+kL mhf_h3 mhf_h4 single_id "
+        "mhf_lsh1 (the LSH ablation; run only when named), or model names "
+        "such as mhf_h4b16384 mhf_lsh1_h4b16384",
     )
     p.add_argument(
         "--work-dir",
@@ -140,7 +145,18 @@ def model_specs(trunk, vocabulary_size, smoke=False):
             0,
             "repeated",
         ),
+        (
+            f"mhf_lsh1_h4b{h4_buckets}",
+            "mhf",
+            f"{trunk}_h4b{h4_buckets}_lsh1",
+            0,
+            "unique",
+        ),
     ]
+
+
+# Groups that run only when `--models` names them.
+OPT_IN = ("mhf_lsh1",)
 
 
 def _solve_h3(trunk, vocabulary_size, target):
@@ -167,12 +183,20 @@ def _solve_h3(trunk, vocabulary_size, target):
 
 
 def _group(name):
-    for prefix in ("standard+", "mhf_h3", "mhf_h4", "single_id", "standard"):
+    for prefix in (
+        "standard+",
+        "mhf_h3",
+        "mhf_h4",
+        "mhf_lsh1",
+        "single_id",
+        "standard",
+    ):
         if name.startswith(prefix):
             return {
                 "standard+": "standard+kL",
                 "mhf_h3": "mhf_h3",
                 "mhf_h4": "mhf_h4",
+                "mhf_lsh1": "mhf_lsh1",
                 "single_id": "single_id",
                 "standard": "standard",
             }[prefix]
@@ -217,6 +241,8 @@ def replicate(
     specs = model_specs(trunk, vocabulary_size, smoke)
     if models:
         specs = [s for s in specs if _group(s[0]) in models or s[0] in models]
+    else:
+        specs = [s for s in specs if _group(s[0]) not in OPT_IN]
     if validation:
         held_out = list(read_documents(validation))
     else:  # the documents prepare_data holds out (validation_score rule)

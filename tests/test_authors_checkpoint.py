@@ -26,10 +26,16 @@ CFG = dict(
 
 
 def write_checkpoint(
-    directory, tokens, pad_token_id=2, seed=0, drop=None, reshape=None
+    directory,
+    tokens,
+    pad_token_id=2,
+    seed=0,
+    drop=None,
+    reshape=None,
+    num_lsh=0,
 ):
     """A tiny checkpoint in the authors' format, random weights (torch [out,
-    in])."""
+    in]); `num_lsh` LSH heads in its hash_map and config."""
     rng = np.random.default_rng(seed)
     c = CFG
     d, H, B, g = c["d"], c["num_hashes"], c["num_buckets"], c["g"]
@@ -37,7 +43,9 @@ def write_checkpoint(
     def normal(*shape):
         return (rng.normal(size=shape) * 0.2).astype("float32")
 
-    table = SignatureTable.from_tokens(tokens, H, B, pad_token_id, "reference")
+    table = SignatureTable.from_tokens(
+        tokens, H, B, pad_token_id, "reference", num_lsh=num_lsh
+    )
     t = {
         "model.hash_map": table.signatures.astype("int64"),
         "model.embed_tokens.weight": normal(H * B, d),
@@ -98,7 +106,7 @@ def write_checkpoint(
         "vocab_size": len(tokens),
         "num_hashes": H,
         "num_buckets": B,
-        "num_lsh": 0,
+        "num_lsh": num_lsh,
         "bottle_neck_dim": g,
         "pad_token_id": pad_token_id,
         "rope_parameters": {"rope_theta": c["theta"], "rope_type": "default"},
@@ -191,7 +199,7 @@ def test_malformed_config_and_pickles_are_refused(tmp_path):
     with pytest.raises(ValueError, match="num_buckets"):
         MultiHashFormerCausalLM.from_preset(ckpt)
     config["num_buckets"] = 64
-    config["num_lsh"] = 1
+    config["num_lsh"] = 4  # more LSH heads than heads
     json.dump(config, open(config_path, "w"))
     with pytest.raises(ValueError, match="num_lsh"):
         MultiHashFormerCausalLM.from_preset(ckpt)

@@ -9,11 +9,28 @@ architectures without allocating any weight.
 `--bytes` builds each model (allocating its weights) and prints the bytes
 its weights take as stored, in float32 and after each `--quantize` mode:
 the vocabulary side (MHF bucket tables, Standard embedding) separately.
+
+`--signatures` builds each MHF architecture's signature table on a
+tokenizer's vocabulary (default: the Mistral v0.3 tokenizer of the shared
+data) and prints its collision statistics (`SignatureTable.statistics()`):
+
+    python tools/count_params.py 1b_h4b16k 1b_h4b16k_lsh1 1b_h1b16k --signatures
 """
 
 import argparse
+import os
 
 from keras_mhf.models.multi_hash_former_architectures import count_parameters
+
+MISTRAL = os.path.join(
+    os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ),
+    "shared",
+    "data",
+    "mistral_v03_tokenizer",
+    "tokenizer.model",
+)
 
 PAPER = [
     "100m",
@@ -60,9 +77,26 @@ def main(argv=None):
         choices=["int8", "int4"],
         help="with --bytes: also after model.quantize(mode)",
     )
+    parser.add_argument(
+        "--signatures",
+        nargs="?",
+        const=MISTRAL,
+        default=None,
+        metavar="TOKENIZER",
+        help="print each MHF architecture's signature statistics on this "
+        "SentencePiece model's vocabulary (default: the Mistral tokenizer)",
+    )
+    parser.add_argument(
+        "--rule",
+        default="unique",
+        choices=["unique", "reference"],
+        help="with --signatures: the collision rule",
+    )
     args = parser.parse_args(argv)
     if args.quantize and not args.bytes:
         parser.error("--quantize needs --bytes")
+    if args.signatures:
+        return print_signatures(args)
     if args.bytes:
         return print_bytes(args)
     print(
@@ -74,6 +108,61 @@ def main(argv=None):
         print(
             f"{label:<16}{c['embedding']:>14,}{c['decoder']:>12,}{c['trunk']:>16,}"
             f"{c['total']:>16,}  ({c['total'] / 1e6:.1f}M)"
+        )
+
+
+def print_signatures(args):
+    import sentencepiece as spm
+
+    from keras_mhf import SignatureTable
+    from keras_mhf.models.multi_hash_former_architectures import (
+        parse_architecture,
+    )
+
+    sp = spm.SentencePieceProcessor(model_file=args.signatures)
+    tokens = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    # The authors' pad: `</s>` when the tokenizer has no pad piece.
+    pad = sp.pad_id() if sp.pad_id() >= 0 else sp.eos_id()
+    pad = pad if pad >= 0 else None
+    print(
+        f"{'architecture':<20}{'V':>8}{'H':>3}{'B':>7}{'LSH':>4}{'load':>10}"
+        f"{'distinct':>10}{'dupes':>7}{'prefix coll.':>13}{'max/prefix':>11}"
+        f"{'bucket use %':>16}{'LSH distinct':>14}{'LSH shared':>12}"
+    )
+    for name in args.architectures:
+        _, hashes = parse_architecture(name)
+        if hashes is None:
+            continue
+        num_lsh = hashes.get("num_lsh", 0)
+        rule = "reference" if num_lsh == hashes["num_hashes"] else args.rule
+        try:
+            table = SignatureTable.from_tokens(
+                tokens,
+                hashes["num_hashes"],
+                hashes["num_buckets"],
+                pad,
+                rule,
+                num_lsh=num_lsh,
+            )
+        except ValueError as error:
+            print(f"{name:<20}  cannot be built: {error}")
+            continue
+        s = table.statistics()
+        usage = [100 * u for u in s["bucket_usage"]]
+        lsh = (
+            ("-", "-")
+            if not num_lsh
+            else (
+                s["lsh_distinct"],
+                s["lsh_shared_tokens"],
+            )
+        )
+        print(
+            f"{name:<20}{s['vocabulary_size']:>8}{s['num_hashes']:>3}"
+            f"{s['num_buckets']:>7}{num_lsh:>4}{s['load']:>10.2e}"
+            f"{s['distinct_signatures']:>10}{s['duplicate_tokens']:>7}"
+            f"{s['prefix_collisions']:>13}{s['max_tokens_per_prefix']:>11}"
+            f"{min(usage):>8.1f}-{max(usage):<7.1f}{lsh[0]:>14}{lsh[1]:>12}"
         )
 
 

@@ -2,7 +2,8 @@
 (GitHub HUIYINXUE/MHF) into a `MultiHashFormerCausalLM`.
 
 Format (DESIGN §4): `config.json` with the Qwen3 fields plus `num_hashes`,
-`num_buckets`, `num_lsh` (must be 0), `bottle_neck_dim`, `pad_token_id`; and
+`num_buckets`, `num_lsh` (LSH heads of their ablation, default 0),
+`bottle_neck_dim`, `pad_token_id`; and
 `model.safetensors` (or a sharded `model.safetensors.index.json`). Only
 safetensors are read, never pickle. The stock Qwen3 blocks are ported with
 KerasHub's own converter (`keras_hub.src.utils.transformers.convert_qwen3`).
@@ -63,11 +64,21 @@ def read_config(directory):
     missing = [key for key in _REQUIRED if key not in config]
     if missing:
         raise ValueError(f"{path} is missing required field(s): {missing}.")
-    if config.get("num_lsh", 0) != 0:
+    num_lsh = config.get("num_lsh") or 0
+    if (
+        isinstance(num_lsh, bool)
+        or not isinstance(num_lsh, int)
+        or not 0 <= num_lsh <= config["num_hashes"]
+    ):
         raise ValueError(
-            f"{path} has num_lsh={config['num_lsh']}: LSH heads (the paper's "
-            "LSH ablation) are not supported; only MurmurHash3 heads "
-            "(num_lsh=0)."
+            f"{path}: num_lsh must be an integer from 0 to num_hashes="
+            f"{config['num_hashes']}; got {num_lsh!r}."
+        )
+    if config.get("lsh_only_embed"):
+        raise ValueError(
+            f"{path} has lsh_only_embed=true (the encoder reads only the LSH "
+            "heads), which no released model uses and keras_mhf does not "
+            "implement."
         )
     rope = config.get("rope_parameters") or {}
     rope_theta = rope.get("rope_theta", config.get("rope_theta", 1_000_000))
@@ -101,6 +112,7 @@ def read_config(directory):
         layer_norm_epsilon=config["rms_norm_eps"],
         pad_token_id=config.get("pad_token_id"),
         signature_rule=signature_rule,
+        num_lsh=num_lsh,
     )
     for key, value in kwargs.items():
         if key not in (
@@ -109,6 +121,7 @@ def read_config(directory):
             "rope_max_wavelength",
             "rope_scaling_factor",
             "layer_norm_epsilon",
+            "num_lsh",
         ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(
@@ -358,6 +371,7 @@ def load_authors_checkpoint(
             num_buckets,
             kwargs["pad_token_id"],
             kwargs["signature_rule"],
+            num_lsh=kwargs["num_lsh"],
         )
 
         if isinstance(tokenizer, str):

@@ -3,7 +3,9 @@ combined with a hash configuration, e.g. `"1b_h4b16k"`, `"tiny_h3b512"`.
 
 A name is `<trunk>` (Standard baseline) or `<trunk>_h<H>b<B>`; `B` may be an
 integer or one of the paper's shorthands (`4k`=4096, `8k`=8192,
-`10k`=10624, the Standard embedding count at 1B, `16k`=16384).
+`10k`=10624, the Standard embedding count at 1B, `16k`=16384). A suffix
+`_lsh<L>` makes the first `L` heads the authors' LSH ids (their ablation,
+paper Sec. 6), e.g. `"1b_h4b16k_lsh1"`; it changes no parameter count.
 """
 
 import re
@@ -65,7 +67,9 @@ BUCKET_SHORTHANDS = {"4k": 4096, "8k": 8192, "10k": 10624, "16k": 16384}
 
 HASH_DEFAULTS = dict(gate_dim=64, mixer_dim=64)
 
-_NAME = re.compile(r"^(?P<trunk>[a-z0-9]+?)(?:_h(?P<h>\d+)b(?P<b>\d+k?))?$")
+_NAME = re.compile(
+    r"^(?P<trunk>[a-z0-9]+?)(?:_h(?P<h>\d+)b(?P<b>\d+k?)(?:_lsh(?P<l>\d+))?)?$"
+)
 
 
 def parse_architecture(name):
@@ -75,8 +79,8 @@ def parse_architecture(name):
     if not match or match.group("trunk") not in TRUNKS:
         raise ValueError(
             f"Unknown architecture {name!r}. Use '<trunk>' or "
-            f"'<trunk>_h<H>b<B>' with trunk one of {sorted(TRUNKS)} (e.g. "
-            "'1b_h4b16k', 'tiny_h3b512')."
+            f"'<trunk>_h<H>b<B>[_lsh<L>]' with trunk one of {sorted(TRUNKS)} "
+            "(e.g. '1b_h4b16k', 'tiny_h3b512', '1b_h4b16k_lsh1')."
         )
     trunk = dict(TRUNKS[match.group("trunk")])
     if match.group("h") is None:
@@ -93,6 +97,13 @@ def parse_architecture(name):
         num_buckets = int(buckets)
     hashes = dict(num_hashes=int(match.group("h")), num_buckets=num_buckets)
     hashes.update(HASH_DEFAULTS)
+    if match.group("l") is not None:
+        hashes["num_lsh"] = int(match.group("l"))
+        if hashes["num_lsh"] > hashes["num_hashes"]:
+            raise ValueError(
+                f"{name!r} asks for {hashes['num_lsh']} LSH heads of "
+                f"{hashes['num_hashes']}; use _lsh<L> with L <= H."
+            )
     return trunk, hashes
 
 
@@ -141,6 +152,8 @@ def count_parameters(
         if key in trunk:
             trunk[key] = overrides.pop(key)
     if hashes is not None:
+        # LSH heads change the table, not the parameters.
+        overrides.pop("num_lsh", None)
         hashes.update(
             {k: overrides.pop(k) for k in list(overrides) if k in hashes}
         )

@@ -8,6 +8,7 @@ from keras_mhf.models.multi_hash_former_layout import layout_map
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.signature_table import MAX_BUCKETS
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.signature_table import check_num_lsh
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.keras_utils import check_positive_ints
@@ -49,6 +50,9 @@ class MultiHashFormerBackbone(Backbone):
         pad_token_id: int or `None`, the token with the all-zero signature.
         signature_rule: `"unique"` or `"reference"`, the rule the table was
             built with (used to expand it and to check tokenizers).
+        num_lsh: int, leading heads of the table that are the authors' LSH
+            ids (their ablation, paper Sec. 6; `0 <= num_lsh <= num_hashes`).
+            Only the table depends on it. Defaults to 0.
         signatures: a `SignatureTable` or int array `[V, H]`. Required when
             building a new backbone; a backbone rebuilt from its config gets
             the table from the saved weights.
@@ -91,6 +95,7 @@ class MultiHashFormerBackbone(Backbone):
         signature_rule="unique",
         signatures=None,
         dtype=None,
+        num_lsh=0,
         **kwargs,
     ):
         check_known_kwargs(
@@ -115,6 +120,10 @@ class MultiHashFormerBackbone(Backbone):
                 f"MultiHashFormerBackbone: num_buckets={num_buckets} does not "
                 f"fit the int32 bucket ids; use at most {MAX_BUCKETS}."
             )
+        try:
+            check_num_lsh(num_lsh, num_hashes, signature_rule)
+        except ValueError as error:
+            raise ValueError(f"MultiHashFormerBackbone: {error}") from None
         if signatures is None:
             raise ValueError(
                 "MultiHashFormerBackbone needs its signature table: pass "
@@ -136,6 +145,7 @@ class MultiHashFormerBackbone(Backbone):
                     num_buckets,
                     pad_token_id,
                     signature_rule,
+                    num_lsh,
                 )
         # === Layers ===
         self.signature_lookup = SignatureLookup(
@@ -213,6 +223,7 @@ class MultiHashFormerBackbone(Backbone):
         self.dropout = dropout
         self.pad_token_id = pad_token_id
         self.signature_rule = signature_rule
+        self.num_lsh = num_lsh
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """`keras.Model.quantize`, plus the hash encoder's bucket tables
@@ -284,6 +295,7 @@ class MultiHashFormerBackbone(Backbone):
             self.pad_token_id,
             self.signature_rule,
             tokens,
+            self.num_lsh,
         )
 
     @staticmethod
@@ -363,6 +375,7 @@ class MultiHashFormerBackbone(Backbone):
                 "dropout": self.dropout,
                 "pad_token_id": self.pad_token_id,
                 "signature_rule": self.signature_rule,
+                "num_lsh": self.num_lsh,
                 # The table itself travels in the weights (`signature_lookup`).
                 "signatures": None,
             }
@@ -370,18 +383,22 @@ class MultiHashFormerBackbone(Backbone):
         return config
 
 
-def _check_table_matches(table, num_hashes, num_buckets, pad_token_id, rule):
+def _check_table_matches(
+    table, num_hashes, num_buckets, pad_token_id, rule, num_lsh=0
+):
     expected = dict(
         num_hashes=num_hashes,
         num_buckets=num_buckets,
         pad_token_id=pad_token_id,
         signature_rule=rule,
+        num_lsh=num_lsh,
     )
     actual = dict(
         num_hashes=table.num_hashes,
         num_buckets=table.num_buckets,
         pad_token_id=table.pad_token_id,
         signature_rule=table.rule,
+        num_lsh=table.num_lsh,
     )
     wrong = {k: (actual[k], v) for k, v in expected.items() if actual[k] != v}
     if wrong:

@@ -30,12 +30,14 @@ def build_backbone(
     Args:
         backbone_cls: `MultiHashFormerBackbone` (or a subclass).
         tokens: list of token strings.
-        architecture: a name like `"tiny_h3b512"` (see
+        architecture: a name like `"tiny_h3b512"` or, with LSH heads,
+            `"mini_h4b16384_lsh1"` (see
             `keras_mhf.models.architecture_names()`).
         pad_token_id: the token with the all-zero signature.
         signature_rule: `"unique"`, `"reference"` or `"repeated"`.
         dtype: dtype policy.
-        **backbone_kwargs: overrides of any backbone argument.
+        **backbone_kwargs: overrides of any backbone argument (e.g.
+            `num_lsh=1`).
     """
     trunk, hashes = parse_architecture(architecture)
     if hashes is None:
@@ -51,6 +53,7 @@ def build_backbone(
         config["num_buckets"],
         pad_token_id=pad_token_id,
         rule=signature_rule,
+        num_lsh=config.get("num_lsh", 0),
     )
     return backbone_cls(
         vocabulary_size=len(table),
@@ -98,6 +101,7 @@ def check_tokenizer(backbone, tokenizer):
             backbone.num_buckets,
             backbone.pad_token_id,
             backbone.signature_rule,
+            num_lsh=getattr(backbone, "num_lsh", 0),
         ).signatures
     except ValueError as error:
         raise ValueError(
