@@ -11,12 +11,14 @@ import pytest
 import sentencepiece as spm
 from keras import ops
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import StandardCausalLM
 from keras_mhf.models import standard_causal_lm
 from keras_mhf.utils.transformers import hf_exporter
+from keras_mhf.utils.transformers.safetensors_writer import write_safetensors
 from keras_mhf.vocabulary_expansion import expand_sentencepiece
 from tests.conftest import REPO
 
@@ -31,6 +33,17 @@ IDS = np.array([[1, 5, 17, 33, 60, 2, 90, 41], [1, 7, 8, 9, 10, 11, 12, 13]])
 def read_safetensors(path):
     with safe_open(path, framework="np") as f:
         return {key: f.get_tensor(key) for key in f.keys()}
+
+
+def assert_same_weights(actual, expected):
+    """Every weight (the signature table included) equal, by path."""
+    expected = {w.path: w for w in expected.weights}
+    assert sorted(w.path for w in actual.weights) == sorted(expected)
+    for weight in actual.weights:
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(ops.cast(weight, "float32")),
+            ops.convert_to_numpy(ops.cast(expected[weight.path], "float32")),
+        )
 
 
 @pytest.fixture(scope="module")
@@ -297,13 +310,7 @@ def test_expanded_vocabulary_exports_its_grown_table(
         mhf.backbone.signature_lookup.get_signatures(),
     )
     loaded = MultiHashFormerCausalLM.from_preset(path)
-    ids = np.array([[1, V, V + 1, 5]])
-    np.testing.assert_allclose(
-        ops.convert_to_numpy(loaded.score(ids)),
-        ops.convert_to_numpy(grown.score(ids)),
-        atol=1e-6,
-        rtol=0,
-    )
+    assert_same_weights(loaded, grown)  # the table included
     hf = auto_tokenizer(path)
     text = "The cell is 是生命"
     ours = [1] + [
@@ -338,24 +345,35 @@ def test_tools_export_writes_transformers(mhf, tmp_path):
     )
 
 
-def test_bfloat16_model_exports_bfloat16_weights(tokenizer, tmp_path):
-    lm = MultiHashFormerCausalLM.from_tokenizer(
-        tokenizer,
-        "tiny_h3b64",
-        sequence_length=16,
-        num_layers=1,
-        dtype="bfloat16",
+def test_bfloat16_weights_are_written_and_read(mhf, mhf_dir, tmp_path):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    array = np.arange(6, dtype="float32").reshape(2, 3).astype(bf16)
+    write_safetensors(
+        str(tmp_path / "x.safetensors"),
+        [("w", (2, 3), "bfloat16", lambda: array)],
     )
-    path = lm.export_to_transformers(str(tmp_path / "bf16"))
-    tensors = read_safetensors(os.path.join(path, "model.safetensors"))
-    assert str(tensors["model.embed_tokens.weight"].dtype) == "bfloat16"
-    assert str(tensors["model.hash_map"].dtype) == "int64"
-    config = json.loads((tmp_path / "bf16" / "config.json").read_text())
-    assert config["dtype"] == "bfloat16"
-    loaded = MultiHashFormerCausalLM.from_preset(path, dtype="bfloat16")
-    np.testing.assert_allclose(
-        ops.convert_to_numpy(loaded.score(IDS)),
-        ops.convert_to_numpy(lm.score(IDS)),
-        atol=1e-6,
-        rtol=0,
+    read = read_safetensors(tmp_path / "x.safetensors")["w"]
+    assert str(read.dtype) == "bfloat16"
+    np.testing.assert_array_equal(read, array)
+    # An authors' checkpoint in bfloat16 (as they release theirs) loads.
+    directory = tmp_path / "bf16"
+    directory.mkdir()
+    for name in os.listdir(mhf_dir):
+        if name != "model.safetensors":
+            (directory / name).write_bytes((mhf_dir / name).read_bytes())
+    tensors = read_safetensors(mhf_dir / "model.safetensors")
+    save_file(
+        {
+            k: v if v.dtype == np.int64 else v.astype(bf16)
+            for k, v in tensors.items()
+        },
+        str(directory / "model.safetensors"),
     )
+    loaded = MultiHashFormerCausalLM.from_preset(str(directory))
+    expected = {w.path: w for w in mhf.weights}
+    for weight in loaded.weights:
+        value = ops.convert_to_numpy(expected[weight.path])
+        if value.dtype.kind == "f":
+            value = value.astype(bf16).astype("float32")
+        np.testing.assert_array_equal(ops.convert_to_numpy(weight), value)
