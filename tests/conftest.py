@@ -22,7 +22,25 @@ def pytest_addoption(parser):
     )
 
 
+# Test modules whose code under test never touches a Keras backend (numpy,
+# SentencePiece, files, the import graph): the suite runs once per backend,
+# these only in the JAX pass, since the other passes would repeat them.
+BACKEND_INDEPENDENT = {
+    "test_data_documents.py",
+    "test_package_structure.py",
+    "test_prepare_data.py",
+    "test_signature_table.py",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    if keras.config.backend() != "jax":
+        once = pytest.mark.skip(
+            reason="backend-independent: runs once, under KERAS_BACKEND=jax"
+        )
+        for item in items:
+            if item.path.name in BACKEND_INDEPENDENT:
+                item.add_marker(once)
     if config.getoption("--run_large"):
         return
     skip = pytest.mark.skip(reason="large test: pass --run_large to run it")

@@ -25,6 +25,7 @@ from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import run_scope
 from keras_mhf.pretraining.config import writing_alone
 from keras_mhf.pretraining.data import load_data
+from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.files import fsync_directory
 from keras_mhf.pretraining.files import fsync_file
 from keras_mhf.pretraining.files import write_atomically
@@ -265,8 +266,9 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
     The run holds an exclusive lock on `output_dir` (a second run on it is
     refused, naming the first; the lock dies with the process), records
     its settings in `run.json` (a later command with other settings is
-    refused), and writes `summary.json` on every exit once it holds the
-    lock: `status` is `"finished"`, `"incomplete"` (stopped early),
+    refused), and, unless it is refused before training (`RunConfigError`,
+    which writes nothing), writes `summary.json` however it ends: `status`
+    is `"finished"`, `"incomplete"` (stopped early),
     `"failed"` (an error: `reason`, `error`) or `"interrupted"` (Ctrl-C,
     SIGTERM), with `last_good_step` and `checkpoint`, the checkpoint a
     rerun resumes from.
@@ -308,7 +310,9 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
         try:
             lm, summary = _run(config, stop_after_chunks)
         except BaseException as error:
-            if is_primary():
+            # A run refused for its settings or data (raised before
+            # training) writes nothing; every other exit is summarised.
+            if is_primary() and not isinstance(error, RunConfigError):
                 _write_summary(config, _failure_summary(config, error))
             if is_disk_full(error):
                 raise DiskFullError(

@@ -98,10 +98,43 @@ def _read_holder(descriptor):
         return {}
 
 
+def _acquire(path, directory):
+    """An open descriptor of `path` holding its exclusive lock. A lock
+    file removed by its previous holder between our open and our lock is
+    opened again (so that two processes never lock different files)."""
+    for _ in range(100):
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):
+            holder = _read_holder(descriptor)
+            os.close(descriptor)
+            raise OutputLockedError(
+                f"{directory} is being written by {_describe(holder)}. "
+                "Only one run may write to a directory at a time: wait "
+                "for it to finish (or stop it), or use another output "
+                "directory.",
+                holder,
+            ) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return descriptor
+        os.close(descriptor)
+    raise OSError(f"Could not lock {path}: it keeps being replaced.")
+
+
 @contextlib.contextmanager
 def output_lock(directory, purpose):
     """Holds the exclusive lock of `directory` (created if needed) for the
     block.
+
+    The lock file is removed when the block ends, and so is the directory
+    if this call created it and nothing else was written to it, so a run
+    refused for its settings leaves no trace. (After a SIGKILL the file
+    stays, unlocked: the next run takes it over.)
 
     Args:
         directory: the output directory.
@@ -120,28 +153,24 @@ def output_lock(directory, purpose):
     ```
     """
     directory = os.fspath(directory)
+    created = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_FILE)
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if fcntl is None:
+        warnings.warn(
+            f"This platform has no fcntl: {directory} is not locked against "
+            "a second process writing to it.",
+            stacklevel=3,
+        )
+        yield {}
+        return
     try:
-        if fcntl is None:
-            warnings.warn(
-                f"This platform has no fcntl: {directory} is not locked "
-                "against a second process writing to it.",
-                stacklevel=3,
-            )
-        else:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except (BlockingIOError, PermissionError):
-                holder = _read_holder(descriptor)
-                raise OutputLockedError(
-                    f"{directory} is being written by {_describe(holder)}. "
-                    "Only one run may write to a directory at a time: wait "
-                    "for it to finish (or stop it), or use another output "
-                    "directory.",
-                    holder,
-                ) from None
+        descriptor = _acquire(path, directory)
+    except BaseException:
+        if created:
+            _remove_if_empty(directory)
+        raise
+    try:
         record = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -158,4 +187,17 @@ def output_lock(directory, purpose):
         yield record
     finally:
         _HELD.discard(descriptor)
+        try:
+            os.remove(path)  # still locked: no one else holds this file
+        except OSError:
+            pass
         os.close(descriptor)  # releases the lock
+        if created:
+            _remove_if_empty(directory)
+
+
+def _remove_if_empty(directory):
+    try:
+        os.rmdir(directory)
+    except OSError:
+        pass
