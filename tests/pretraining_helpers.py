@@ -10,6 +10,7 @@ import os
 
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
 from tests.conftest import CORPUS
@@ -176,3 +177,20 @@ def assert_same_state(found, expected):
     assert len(found) == len(expected)
     for a, b in zip(found, expected):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.fixture(scope="module", autouse=True, name="_compile_once")
+def compile_once_fixture(tmp_path_factory):
+    """Module fixture `_compile_once` (import it into a test module):
+    `compilation_cache` in the session's base directory, shared by every
+    pre-training test module and their subprocesses."""
+    with compilation_cache(tmp_path_factory.getbasetemp() / "jax_cache"):
+        yield
+
+
+@pytest.fixture(scope="module", name="corpus")
+def corpus_fixture(tmp_path_factory):
+    """Module fixture `corpus` (import it into a test module): the
+    `prepared_corpus` of the session's base directory, the same one in every
+    pre-training test module."""
+    return prepared_corpus(str(tmp_path_factory.getbasetemp() / "corpus"))

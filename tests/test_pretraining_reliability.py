@@ -31,9 +31,9 @@ from keras_mhf.utils.output_lock import LOCK_FILE
 from keras_mhf.utils.output_lock import output_lock
 from tests.conftest import REPO
 from tests.pretraining_helpers import RUN
-from tests.pretraining_helpers import compilation_cache
 from tests.pretraining_helpers import compilation_cache_env
-from tests.pretraining_helpers import prepared_corpus
+from tests.pretraining_helpers import compile_once_fixture  # noqa: F401
+from tests.pretraining_helpers import corpus_fixture  # noqa: F401
 from tests.pretraining_helpers import run_flags
 
 pytestmark = [
@@ -45,17 +45,6 @@ pytestmark = [
         "ignore:The scoring temperature was not calibrated:UserWarning"
     ),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _compile_once(tmp_path_factory):
-    with compilation_cache(tmp_path_factory.getbasetemp() / "jax_cache"):
-        yield
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return prepared_corpus(str(tmp_path_factory.getbasetemp() / "corpus"))
 
 
 def read_summary(output):

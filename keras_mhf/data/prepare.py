@@ -505,32 +505,45 @@ def prepare_data(
     workers = _check_arguments(
         workers, shard_tokens, on_error, validation_inputs, validation_fraction
     )
-    sp, proto, header, train_files, validation_files = _header(
-        inputs,
-        tokenizer_path,
-        validation_inputs,
-        validation_fraction,
-        shard_tokens,
-        on_error,
+    job = _Job(
+        *_header(
+            inputs,
+            tokenizer_path,
+            validation_inputs,
+            validation_fraction,
+            shard_tokens,
+            on_error,
+        ),
+        validation_fraction=validation_fraction,
+        validation_inputs=validation_inputs,
+        workers=workers,
+        on_error=on_error,
+        progress=progress,
+        stop_after_shards=_stop_after_shards,
     )
     output_dir = os.fspath(output_dir)
-    created = not os.path.exists(output_dir)
     with output_lock(output_dir, "prepare_data"):
-        return _prepare_locked(
-            output_dir,
-            created,
-            header,
-            sp,
-            proto,
-            train_files,
-            validation_files,
-            validation_fraction,
-            validation_inputs,
-            workers,
-            on_error,
-            progress,
-            _stop_after_shards,
-        )
+        return _prepare_locked(output_dir, job)
+
+
+# What `prepare_data` was asked for: the tokenizer (`sp`, `proto`), the
+# index header, the input files, and the options of the run.
+_Job = collections.namedtuple(
+    "_Job",
+    [
+        "sp",
+        "proto",
+        "header",
+        "train_files",
+        "validation_files",
+        "validation_fraction",
+        "validation_inputs",
+        "workers",
+        "on_error",
+        "progress",
+        "stop_after_shards",
+    ],
+)
 
 
 def _check_arguments(
@@ -617,22 +630,10 @@ def _header(
     return sp, proto, header, train_files, validation_files
 
 
-def _prepare_locked(
-    output_dir,
-    created,
-    header,
-    sp,
-    proto,
-    train_files,
-    validation_files,
-    validation_fraction,
-    validation_inputs,
-    workers,
-    on_error,
-    progress,
-    _stop_after_shards,
-):
+def _prepare_locked(output_dir, job):
     """`prepare_data` in `output_dir`, under its lock."""
+    header, on_error, progress = job.header, job.on_error, job.progress
+    _stop_after_shards = job.stop_after_shards
     report = _Progress(progress, 0, 0)
     state_path = os.path.join(output_dir, STATE_FILE)
     if os.path.exists(os.path.join(output_dir, INDEX_FILE)):
@@ -692,12 +693,12 @@ def _prepare_locked(
             state,
             state_path,
             writers,
-            sp,
-            proto,
-            train_files,
-            validation_files,
-            validation_fraction,
-            workers,
+            job.sp,
+            job.proto,
+            job.train_files,
+            job.validation_files,
+            job.validation_fraction,
+            job.workers,
             on_error,
             progress,
         )
@@ -709,13 +710,13 @@ def _prepare_locked(
     skipped = state["skipped_before_source"]
     if not all(totals[split]["documents"] for split in SPLITS):
         error = _split_sizes_error(
-            totals, validation_fraction, validation_inputs, skipped
+            totals, job.validation_fraction, job.validation_inputs, skipped
         )
         for writer in writers.values():
             writer.remove_files()
         os.remove(state_path)
-        if created and set(os.listdir(output_dir)) <= {LOCK_FILE}:
-            _remove_directory_and_lock(output_dir)
+        # The lock's release removes the directory if it created it and
+        # nothing else is left in it.
         raise error
     index = dict(header)
     index["complete"] = True
@@ -733,14 +734,6 @@ def _prepare_locked(
         + "."
     )
     return index
-
-
-def _remove_directory_and_lock(directory):
-    """Removes a directory this run created that holds only its lock."""
-    lock = os.path.join(directory, LOCK_FILE)
-    if os.path.exists(lock):
-        os.remove(lock)
-    os.rmdir(directory)
 
 
 def _run(

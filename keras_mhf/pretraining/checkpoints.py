@@ -360,17 +360,34 @@ def _non_finite_variables(lm):
     return bad
 
 
+def non_finite_stop(config, error_class, message, step):
+    """The error that stops a diverged run (a `NonFiniteTrainingError`
+    subclass): `message`, then the last good checkpoint and what to change.
+
+    Example:
+
+    ```python
+    raise non_finite_stop(config, NonFiniteLossError, "the loss ...", 3)
+    ```
+    """
+    kept = latest_checkpoint(config)
+    return error_class(
+        message + " " + what_now(config, kept),
+        step,
+        kept[0] if kept else None,
+    )
+
+
 def check_finite(config, lm, step, what):
     bad = _non_finite_variables(lm)
     if bad:
-        kept = latest_checkpoint(config)
-        raise NonFiniteWeightsError(
+        raise non_finite_stop(
+            config,
+            NonFiniteWeightsError,
             f"the weights became non-finite by step {step} ({len(bad)} "
             f"variables, e.g. {bad[0]}) although the training loss stayed "
-            f"finite; no {what} was written from them. "
-            + what_now(config, kept),
+            f"finite; no {what} was written from them.",
             step,
-            kept[0] if kept else None,
         )
 
 
@@ -428,14 +445,13 @@ def save_checkpoint(
     """
     check_finite(config, lm, step, "checkpoint")
     if validation_loss is not None and not math.isfinite(validation_loss):
-        kept = latest_checkpoint(config)
-        raise NonFiniteLossError(
+        raise non_finite_stop(
+            config,
+            NonFiniteLossError,
             f"the validation loss became non-finite ({validation_loss}) at "
             f"step {step} although the training loss was finite "
-            f"({train_loss}); no checkpoint was written from these weights. "
-            + what_now(config, kept),
+            f"({train_loss}); no checkpoint was written from these weights.",
             step,
-            kept[0] if kept else None,
         )
     final = checkpoint_directory(config, step)
     if not is_primary():

@@ -17,8 +17,7 @@ from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
 from keras_mhf.models.standard_causal_lm import standard_causal_lm
 from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining.checkpoints import check_finite
-from keras_mhf.pretraining.checkpoints import latest_checkpoint
-from keras_mhf.pretraining.checkpoints import what_now
+from keras_mhf.pretraining.checkpoints import non_finite_stop
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
@@ -271,14 +270,13 @@ def train_chunk(config, lm, data, first, last):
     finally:
         lm.preprocessor = preprocessor
     if guard.step is not None:
-        kept = latest_checkpoint(config)
-        raise NonFiniteLossError(
+        raise non_finite_stop(
+            config,
+            NonFiniteLossError,
             f"the training loss became non-finite ({guard.loss}) at step "
             f"{guard.step}; training stopped there and no checkpoint, preset "
-            "or summary was written from the diverged weights. "
-            + what_now(config, kept),
+            "or summary was written from the diverged weights.",
             guard.step,
-            kept[0] if kept else None,
         )
     check_finite(config, lm, last, "checkpoint or log line")
     return history
