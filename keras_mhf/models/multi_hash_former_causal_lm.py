@@ -7,6 +7,7 @@ from keras_hub.models import Qwen3CausalLM
 from keras_mhf import calibration
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models import authors_checkpoint
+from keras_mhf.models import causal_lm_inputs
 from keras_mhf.models import multi_hash_former_decoding as decoding_lib
 from keras_mhf.models import multi_hash_former_vocabulary as vocabulary
 from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
@@ -20,9 +21,7 @@ from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.keras_utils import check_temperature
-from keras_mhf.utils.token_ids import check_feature_ids
 from keras_mhf.utils.token_ids import check_token_ids
-from keras_mhf.utils.token_ids import checked_dataset
 
 DECODINGS = ("candidates", "full")
 
@@ -382,14 +381,22 @@ class MultiHashFormerCausalLM(CausalLM):
         )
 
     def fit(self, x=None, y=None, *args, **kwargs):
-        """`keras.Model.fit`, after checking the tokenizer and, for token-id
-        data, that every id is in the vocabulary (before any state
-        changes; streamed datasets are checked batch by batch, the first
-        one before training starts)."""
+        """`keras.Model.fit`, after checking the tokenizer and the data
+        (`keras_mhf.models.causal_lm_inputs.checked_fit_inputs`) before any
+        state changes: with a preprocessor, `x` must be strings (an empty
+        list, a non-string entry or a dict is refused with one clear error);
+        without one, every token id must be in the vocabulary (streamed
+        datasets are checked batch by batch, the first one before training
+        starts).
+
+        Example:
+
+        ```python
+        lm.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
+        ```
+        """
         self.check_tokenizer()
-        if self.preprocessor is None:
-            check_feature_ids(x, y, self.backbone.vocabulary_size)
-            x = checked_dataset(x, self.backbone.vocabulary_size)
+        x = causal_lm_inputs.checked_fit_inputs(self, x, y)
         return super().fit(x, y, *args, **kwargs)
 
     # --- Inference ----------------------------------------------------------
@@ -519,9 +526,50 @@ class MultiHashFormerCausalLM(CausalLM):
         self._generate_key = key
         return generate_function
 
-    def generate(self, *args, **kwargs):
+    def generate(
+        self,
+        inputs,
+        max_length=None,
+        stop_token_ids="auto",
+        strip_prompt=False,
+        *,
+        max_new_tokens=None,
+        truncate=None,
+    ):
+        """KerasHub's `generate` with checked lengths (after checking the
+        tokenizer); see `keras_mhf.models.causal_lm_inputs.generate`.
+
+        Args:
+            inputs: strings (with a preprocessor) or token ids
+                `{"token_ids", "padding_mask"}`, or a `tf.data.Dataset`.
+            max_length: the total length (prompt, start token included, and
+                new tokens); no prompt may be longer, and not all may fill
+                it. Default: the preprocessor's `sequence_length` (token
+                ids: their width).
+            stop_token_ids: `"auto"`, `None` or a tuple of ids.
+            strip_prompt: return only the generated part.
+            max_new_tokens: instead of `max_length`: at most this many new
+                tokens per prompt; total length (and KV cache) = longest
+                prompt + `max_new_tokens`.
+            truncate: `None` refuses a prompt that does not fit; `"left"`
+                keeps its start token and last tokens.
+
+        Example:
+
+        ```python
+        lm.generate("The cell", max_new_tokens=8)
+        ```
+        """
         self.check_tokenizer()
-        return super().generate(*args, **kwargs)
+        return causal_lm_inputs.generate(
+            self,
+            inputs,
+            max_length=max_length,
+            stop_token_ids=stop_token_ids,
+            strip_prompt=strip_prompt,
+            max_new_tokens=max_new_tokens,
+            truncate=truncate,
+        )
 
     def score(
         self,

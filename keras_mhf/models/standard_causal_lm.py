@@ -3,6 +3,7 @@
 import keras
 from keras_hub.models import Qwen3CausalLM
 
+from keras_mhf.models import causal_lm_inputs
 from keras_mhf.models.multi_hash_former_architectures import parse_architecture
 from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
@@ -46,6 +47,52 @@ class StandardCausalLM(Qwen3CausalLM):
                 from_logits=True, reduction="mean_with_sample_weight"
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit` after the same data checks as
+        `MultiHashFormerCausalLM.fit`
+        (`keras_mhf.models.causal_lm_inputs.checked_fit_inputs`).
+
+        Example:
+
+        ```python
+        standard.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
+        ```
+        """
+        x = causal_lm_inputs.checked_fit_inputs(self, x, y)
+        return super().fit(x, y, *args, **kwargs)
+
+    def generate(
+        self,
+        inputs,
+        max_length=None,
+        stop_token_ids="auto",
+        strip_prompt=False,
+        *,
+        max_new_tokens=None,
+        truncate=None,
+    ):
+        """KerasHub's `generate` with checked lengths, as
+        `MultiHashFormerCausalLM.generate`; see
+        `keras_mhf.models.causal_lm_inputs.generate` (`max_length`: total
+        length; `max_new_tokens`: new tokens per prompt; `truncate="left"`:
+        keep the start token and the prompt's last tokens).
+
+        Example:
+
+        ```python
+        standard.generate("The cell", max_new_tokens=8)
+        ```
+        """
+        return causal_lm_inputs.generate(
+            self,
+            inputs,
+            max_length=max_length,
+            stop_token_ids=stop_token_ids,
+            strip_prompt=strip_prompt,
+            max_new_tokens=max_new_tokens,
+            truncate=truncate,
+        )
 
     def token_log_probs(self, hidden_states):
         """Final hidden states `[..., d]` -> token log-probs `[..., V]`

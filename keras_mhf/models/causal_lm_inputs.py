@@ -1,0 +1,647 @@
+"""Checked inputs of the causal LMs' `generate` and `fit` (MultiHashFormer
+and the Standard baseline share this module; neither borrows the other's
+methods).
+
+`generate` here is KerasHub's `CausalLM.generate` flow (stop tokens,
+`strip_prompt`, distribution, output normalisation) with explicit lengths:
+
+- `max_length`: the total length, prompt (start token included) and new
+  tokens. No prompt may be longer (none is ever cut), and at least one must
+  be shorter (something is generated); a prompt that fills it exactly gets
+  no new token, as in KerasHub's batches.
+- `max_new_tokens`: each prompt gets at most this many new tokens; the total
+  length, and so the KV cache, is `longest prompt + max_new_tokens`.
+- neither: the preprocessor's `sequence_length` (text) or the width of the
+  token-id arrays (no preprocessor), as in KerasHub.
+- `truncate="left"`: a text prompt longer than its budget keeps its start
+  token and its last tokens instead of being refused.
+
+A prompt that does not fit is refused with a `ValueError` saying what to
+pass; nothing is cut silently. For prompts that fit, the packed ids and the
+compiled generation function are exactly KerasHub's, so the tokens are the
+same.
+
+`fit` inputs are checked at entry (`checked_fit_inputs`) and by the
+preprocessor (`check_texts`): one clear error per bad case (no data, a
+single string, a non-string entry, a dict with a preprocessor attached)
+instead of an error deep inside TensorFlow. Streamed datasets are checked
+without reading them (`tf.data` element specs) or on their first batch
+(Grain), and token-id data goes through `keras_mhf.utils.token_ids`.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_mhf.utils.keras_utils import check_positive_ints
+from keras_mhf.utils.token_ids import check_feature_ids
+from keras_mhf.utils.token_ids import checked_dataset
+
+TRUNCATE_OPTIONS = (None, "left")
+
+TOKEN_IDS_HINT = (
+    "A model with a preprocessor attached takes strings. To use token ids, "
+    "detach it (`lm.preprocessor = None`) and pass "
+    '`{"token_ids": ..., "padding_mask": ...}` (for `fit`, with `y` and '
+    "`sample_weight`); otherwise pass a list of strings."
+)
+
+
+# --- Text ------------------------------------------------------------------
+
+
+def _describe(value):
+    text = repr(value)
+    if len(text) > 40:
+        text = text[:37] + "..."
+    name = type(value).__name__
+    article = "an" if name[0] in "aeiou" else "a"
+    return f"{article} {name} ({text})"
+
+
+def _is_number(value):
+    return isinstance(value, (int, float, np.number)) and not isinstance(
+        value, bool
+    )
+
+
+def _bad_entry_error(what, index, entry, entries):
+    message = (
+        f"{what} must be a list of strings (one document or prompt each); "
+        f"{what}[{index}] is "
+    )
+    if entry is None:
+        return ValueError(
+            message + "None. Drop missing documents or replace them with ''."
+        )
+    if isinstance(entry, dict):
+        return ValueError(message + f"a dict. {TOKEN_IDS_HINT}")
+    message += f"{_describe(entry)}."
+    if any(isinstance(e, (str, bytes)) for e in entries):
+        message += " The entries have mixed types: convert them all to str."
+    elif _is_number(entry) or (
+        isinstance(entry, (list, tuple, np.ndarray))
+        and len(entry)
+        and all(_is_number(e) for e in entry)
+    ):
+        message += f" These look like token ids. {TOKEN_IDS_HINT}"
+    return ValueError(message)
+
+
+def check_texts(x, what="x", allow_single=True):
+    """Raises a clear `ValueError` unless `x` is text: a string (if
+    `allow_single`), a non-empty list/tuple/array of strings (or bytes), or
+    a string tensor. Other tensors and datasets pass unchecked when their
+    dtype is unknown here; the check is one `isinstance` per entry (none for
+    numpy string arrays), so it costs nothing next to tokenization.
+
+    Args:
+        x: the inputs.
+        what: how the message names them (`"x"`, `"prompts"`).
+        allow_single: whether one bare string is accepted.
+
+    Example:
+
+    ```python
+    check_texts(["The cell", "Water"])  # passes
+    check_texts(["The cell", None])  # ValueError: x[1] is None ...
+    ```
+    """
+    if isinstance(x, (str, bytes)):
+        if allow_single:
+            return
+        raise ValueError(
+            f"{what} is a single string; wrap it in a list: [{x[:30]!r}]."
+        )
+    if isinstance(x, dict):
+        raise ValueError(f"{what} is a dict. {TOKEN_IDS_HINT}")
+    if isinstance(x, np.ndarray):
+        if x.size == 0:
+            raise ValueError(f"{what} is empty: pass at least one string.")
+        if x.dtype.kind in "US":
+            return
+        if x.dtype.kind != "O":
+            raise ValueError(
+                f"{what} is a numpy array of {x.dtype}, not strings. "
+                f"{TOKEN_IDS_HINT}"
+            )
+        entries = list(x.ravel())
+    elif isinstance(x, (list, tuple)):
+        entries = x
+    else:
+        dtype = getattr(getattr(x, "dtype", None), "name", None)
+        if dtype is not None and hasattr(x, "shape") and dtype != "string":
+            raise ValueError(
+                f"{what} is a tensor of {dtype}, not strings. {TOKEN_IDS_HINT}"
+            )
+        return
+    if len(entries) == 0:
+        raise ValueError(f"{what} is empty: pass at least one string.")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, (str, bytes)):
+            raise _bad_entry_error(what, index, entry, entries)
+
+
+def _is_tf_dataset(x):
+    return type(x).__module__.startswith("tensorflow") and hasattr(
+        x, "element_spec"
+    )
+
+
+def _is_grain_dataset(x):
+    return type(x).__module__.startswith("grain")
+
+
+def check_text_dataset(dataset):
+    """Checks that a streamed dataset for a model with a preprocessor yields
+    strings: from the `tf.data` element spec (nothing is read), or from the
+    first batch of a Grain dataset; other objects pass unchanged."""
+    if _is_tf_dataset(dataset):
+        spec = dataset.element_spec
+        x_spec = spec[0] if isinstance(spec, tuple) else spec
+        if isinstance(x_spec, dict):
+            raise ValueError(f"The dataset yields dicts. {TOKEN_IDS_HINT}")
+        dtype = getattr(getattr(x_spec, "dtype", None), "name", None)
+        if dtype is not None and dtype != "string":
+            raise ValueError(
+                f"The dataset yields {dtype} values, not strings. "
+                f"{TOKEN_IDS_HINT}"
+            )
+    elif _is_grain_dataset(dataset):
+        for first in dataset:
+            check_texts(first[0] if isinstance(first, tuple) else first)
+            break
+
+
+def checked_fit_inputs(causal_lm, x, y=None):
+    """Checks `fit`'s data at entry and returns `x` (token-id datasets come
+    back wrapped so each batch is checked as it is read).
+
+    With a preprocessor attached, `x` must be text (`check_texts`,
+    `check_text_dataset`); without one, token ids are checked against the
+    vocabulary (`keras_mhf.utils.token_ids`).
+
+    Args:
+        causal_lm: the `MultiHashFormerCausalLM` or `StandardCausalLM`.
+        x: `fit`'s `x`.
+        y: `fit`'s `y` (token targets when there is no preprocessor).
+
+    Example:
+
+    ```python
+    x = checked_fit_inputs(lm, ["The cell is the basic unit of life."])
+    ```
+    """
+    vocabulary_size = causal_lm.backbone.vocabulary_size
+    if causal_lm.preprocessor is None:
+        if isinstance(x, (list, tuple)) and len(x) == 0:
+            raise ValueError("fit got no training data: `x` is empty.")
+        check_feature_ids(x, y, vocabulary_size)
+        return checked_dataset(x, vocabulary_size)
+    if _is_tf_dataset(x) or _is_grain_dataset(x):
+        check_text_dataset(x)
+        return x
+    if x is None:
+        raise ValueError(
+            "fit got no training data (`x=None`): pass a list of strings."
+        )
+    check_texts(x, "x", allow_single=False)
+    return x
+
+
+# --- Generation lengths ----------------------------------------------------
+
+
+def check_length_arguments(max_length, max_new_tokens, truncate):
+    """Raises a clear `ValueError` for impossible `generate` length
+    arguments (see `generate`)."""
+    if max_length is not None and max_new_tokens is not None:
+        raise ValueError(
+            "generate: pass either `max_length` (the total length, prompt "
+            "included) or `max_new_tokens` (new tokens after the prompt), not "
+            f"both; got max_length={max_length}, "
+            f"max_new_tokens={max_new_tokens}."
+        )
+    if max_length is not None:
+        check_positive_ints("generate", max_length=max_length)
+    if max_new_tokens is not None:
+        check_positive_ints("generate", max_new_tokens=max_new_tokens)
+    if truncate not in TRUNCATE_OPTIONS:
+        raise ValueError(
+            "generate: `truncate` must be None (refuse prompts that do not "
+            "fit) or 'left' (keep the start token and the prompt's last "
+            f"tokens); got {truncate!r}."
+        )
+
+
+def _length_error(lengths, total, budget, hint_truncate=True):
+    """The `ValueError` for prompts that do not fit in `total` positions:
+    one that would be cut (longer than `total`), or a batch in which no
+    prompt leaves a position to generate (`None` when they fit)."""
+    longest, shortest = max(lengths), min(lengths)
+    if longest > total:
+        index = lengths.index(longest)
+        problem = (
+            f"prompt {index} has {longest} tokens (start token included), "
+            f"more than {budget} holds, so it would be cut"
+        )
+    elif shortest >= total:
+        problem = (
+            f"the prompts fill {budget} (the longest has {longest} tokens, "
+            "start token included), so nothing would be generated"
+        )
+    else:
+        return None
+    message = (
+        f"generate: {problem}. Pass `max_new_tokens=N` to generate N tokens "
+        f"after the whole prompt, or `max_length` > {longest}"
+    )
+    if hint_truncate and total >= 2:
+        message += (
+            ", or `truncate='left'` to keep the start token and the "
+            f"prompt's last {total - 2} tokens"
+        )
+    return ValueError(message + ".")
+
+
+def _as_lists(token_ids):
+    if hasattr(token_ids, "to_list"):  # tf.RaggedTensor
+        token_ids = token_ids.to_list()
+    elif not isinstance(token_ids, list):
+        token_ids = ops.convert_to_numpy(token_ids).tolist()
+    return [[int(t) for t in row] for row in token_ids]
+
+
+def pack_text_prompts(
+    preprocessor, texts, max_length=None, max_new_tokens=None, truncate=None
+):
+    """Tokenizes and packs a batch of text prompts for generation.
+
+    Args:
+        preprocessor: a `CausalLMPreprocessor` (tokenizer and start token).
+        texts: a list or array of strings.
+        max_length, max_new_tokens, truncate: as in `generate`.
+
+    Returns:
+        `(prompt, lengths)`: `{"token_ids", "padding_mask"}` packed to the
+        total length exactly as `generate_preprocess` packs them, and each
+        prompt's length (start token included) after any truncation.
+
+    Example:
+
+    ```python
+    prompt, lengths = pack_text_prompts(
+        lm.preprocessor, ["The cell"], max_new_tokens=8
+    )
+    ```
+    """
+    if not preprocessor.built:
+        preprocessor.build(None)
+    packer = preprocessor.packer
+    start = len(packer.start_value) if packer.start_value is not None else 0
+    token_lists = _as_lists(preprocessor.tokenizer(texts))
+    lengths = [len(tokens) + start for tokens in token_lists]
+    longest = max(lengths)
+    sequence_length = preprocessor.sequence_length
+    room = None  # most prompt tokens kept by truncate="left"
+    if max_length is not None:
+        total, room = max_length, max_length - 1
+        budget = f"max_length={max_length} (the total length)"
+    elif max_new_tokens is not None and truncate is not None:
+        if sequence_length is None:
+            raise ValueError(
+                "generate: truncate='left' with max_new_tokens needs the "
+                "preprocessor's sequence_length (the context to fit in); it "
+                "is None. Pass max_length instead."
+            )
+        room = sequence_length - max_new_tokens
+        budget = (
+            f"the preprocessor's sequence_length={sequence_length} minus "
+            f"max_new_tokens={max_new_tokens}"
+        )
+    elif max_new_tokens is None:
+        if sequence_length is None:
+            raise ValueError(
+                "generate: the preprocessor has no sequence_length, so the "
+                "total length is unknown: pass max_length or max_new_tokens."
+            )
+        total, room = sequence_length, sequence_length - 1
+        budget = (
+            f"the preprocessor's sequence_length={sequence_length} (the "
+            "default max_length)"
+        )
+    if room is not None and truncate is None:
+        # Prompts up to `total` long fit (one that fills it gets no new
+        # token, as in KerasHub's batches), but none is cut, and at least
+        # one prompt must leave room to generate.
+        error = _length_error(lengths, total, budget)
+        if error is not None:
+            raise error
+    elif room is not None and longest > room:
+        keep = room - start
+        if keep < 0 or room < 1:
+            raise ValueError(
+                f"generate: {budget} leaves no room for the prompt's start "
+                "token; it must leave at least one prompt token "
+                "(max_length >= 2, or max_new_tokens < sequence_length)."
+            )
+        token_lists = [
+            tokens[len(tokens) - keep :] if keep else []
+            for tokens in token_lists
+        ]
+        lengths = [len(tokens) + start for tokens in token_lists]
+    if max_new_tokens is not None:
+        total = max(lengths) + max_new_tokens
+    token_ids, padding_mask = packer(
+        token_lists, sequence_length=total, add_end_value=False
+    )
+    return {"token_ids": token_ids, "padding_mask": padding_mask}, lengths
+
+
+def size_token_id_prompts(prompt, max_length=None, max_new_tokens=None):
+    """Checks a token-id prompt `{"token_ids", "padding_mask"}` `[b, s]`
+    (right-padded) and resizes it to the total length.
+
+    Without `max_length`/`max_new_tokens` the total length is the arrays'
+    width `s`, as in KerasHub; `max_length` sets it, `max_new_tokens` makes it
+    `longest prompt + max_new_tokens` (a prompt's length is the position
+    after its last unmasked token). Extra columns are padding (id 0,
+    masked); only padding columns are ever removed.
+
+    Returns:
+        `(prompt, lengths)`: the prompt (the given arrays when the width is
+        already right) and each row's length.
+
+    Example:
+
+    ```python
+    prompt, lengths = size_token_id_prompts(
+        {"token_ids": [[1, 5, 6]], "padding_mask": [[True, True, True]]},
+        max_new_tokens=4,
+    )  # width 7
+    ```
+    """
+    if (
+        not isinstance(prompt, dict)
+        or "token_ids" not in prompt
+        or "padding_mask" not in prompt
+    ):
+        got = (
+            f"a dict with keys {sorted(prompt)}"
+            if isinstance(prompt, dict)
+            else _describe(prompt)
+        )
+        raise ValueError(
+            "generate without a preprocessor takes token ids "
+            '`{"token_ids": [b, s], "padding_mask": [b, s]}` (right-padded); '
+            f"got {got}. To generate from text, attach a preprocessor."
+        )
+    token_ids = np.asarray(ops.convert_to_numpy(prompt["token_ids"]))
+    mask = np.asarray(ops.convert_to_numpy(prompt["padding_mask"])).astype(bool)
+    if token_ids.ndim != 2 or mask.shape != token_ids.shape:
+        raise ValueError(
+            "generate: token_ids and padding_mask must both be [batch, "
+            f"length]; got shapes {token_ids.shape} and {mask.shape}."
+        )
+    if token_ids.shape[0] == 0:
+        raise ValueError("generate: the prompt batch is empty.")
+    width = token_ids.shape[1]
+    lengths = np.where(
+        mask.any(axis=1), width - np.argmax(mask[:, ::-1], axis=1), 0
+    )
+    if (lengths == 0).any():
+        row = int(np.argmin(lengths))
+        raise ValueError(
+            f"generate: prompt {row} has no tokens (its padding_mask is all "
+            "False); every prompt needs at least its start token."
+        )
+    longest = int(lengths.max())
+    if max_length is not None:
+        total = max_length
+        budget = f"max_length={max_length} (the total length)"
+    elif max_new_tokens is not None:
+        total = longest + max_new_tokens
+    else:
+        total = width
+        budget = (
+            f"the prompt's width {width} (the total length without "
+            "max_length or max_new_tokens)"
+        )
+    lengths = [int(n) for n in lengths]
+    if max_new_tokens is None:
+        error = _length_error(lengths, total, budget, hint_truncate=False)
+        if error is not None:
+            raise error
+    if total != width:
+        ids = np.zeros((token_ids.shape[0], total), token_ids.dtype)
+        new_mask = np.zeros((token_ids.shape[0], total), bool)
+        kept = min(width, total)
+        ids[:, :kept] = token_ids[:, :kept]
+        new_mask[:, :kept] = mask[:, :kept]
+        prompt = {
+            "token_ids": ops.convert_to_tensor(ids),
+            "padding_mask": ops.convert_to_tensor(new_mask),
+        }
+    return prompt, lengths
+
+
+def _stop_token_ids(causal_lm, stop_token_ids):
+    """KerasHub's resolution of `stop_token_ids="auto"`."""
+    if not (isinstance(stop_token_ids, str) and stop_token_ids == "auto"):
+        return stop_token_ids
+    if causal_lm.preprocessor is None:
+        raise ValueError(
+            "A `preprocessor` must be attached to the model if "
+            '`stop_token_ids="auto"`. Currently `preprocessor=None`. To '
+            "call `generate()` with preprocessing detached, either pass "
+            "`stop_token_ids=None` to always generate until `max_length` "
+            "or pass a tuple of token ids that should terminate generation "
+            "as `stop_token_ids`."
+        )
+    tokenizer = causal_lm.preprocessor.tokenizer
+    stop_token_ids = [tokenizer.end_token_id]
+    if hasattr(tokenizer, "end_token2_id"):
+        stop_token_ids.append(tokenizer.end_token2_id)
+    return stop_token_ids
+
+
+def _distribute(x):
+    """Lays the inputs out for the active `keras.distribution` (KerasHub's
+    `generate` does the same)."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return x
+
+    def distribute(value):
+        if value is None:
+            return None
+        if not ops.is_tensor(value):
+            value = ops.convert_to_tensor(value)
+        layout = distribution.get_data_layout(value.shape)
+        if layout:
+            return keras.distribution.distribute_tensor(value, layout)
+        return value
+
+    return keras.tree.map_structure(distribute, x)
+
+
+def _limit_new_tokens(outputs, lengths, max_new_tokens):
+    """Masks out what a row generated beyond `max_new_tokens` (shorter rows
+    of a batch run as long as the longest)."""
+    mask = np.asarray(ops.convert_to_numpy(outputs["padding_mask"])).astype(
+        bool
+    )
+    limit = np.asarray(lengths)[:, None] + max_new_tokens
+    keep = np.arange(mask.shape[1])[None, :] < limit
+    if keep.all():
+        return outputs
+    outputs = dict(outputs)
+    outputs["padding_mask"] = ops.convert_to_tensor(mask & keep)
+    return outputs
+
+
+def _strip_prompt(x, prompt):
+    """KerasHub's `strip_prompt`: rolls each row left by its prompt length
+    and keeps only the generated tokens."""
+    prompt_mask = prompt["padding_mask"]
+    seq_len = ops.shape(prompt_mask)[1]
+    shifts = ops.mod(-ops.sum(ops.cast(prompt_mask, "int"), axis=1), seq_len)
+    ix = ops.arange(seq_len, dtype="int")
+    ix = ops.expand_dims(ix, axis=0) - ops.expand_dims(shifts, axis=1)
+
+    def roll(seq):
+        return ops.take_along_axis(seq, ix, axis=1)
+
+    return {
+        "padding_mask": ops.logical_xor(
+            roll(prompt_mask), roll(x["padding_mask"])
+        ),
+        "token_ids": roll(x["token_ids"]),
+    }
+
+
+def _pad_to_common_width(outputs):
+    """Token-id outputs of several batches, right-padded (masked) to one
+    width so they can be concatenated."""
+    widths = {int(ops.shape(o["token_ids"])[1]) for o in outputs}
+    if len(widths) < 2:
+        return outputs
+    width = max(widths)
+    padded = []
+    for o in outputs:
+        ids = np.asarray(ops.convert_to_numpy(o["token_ids"]))
+        mask = np.asarray(ops.convert_to_numpy(o["padding_mask"])).astype(bool)
+        extra = width - ids.shape[1]
+        padded.append(
+            {
+                "token_ids": np.pad(ids, ((0, 0), (0, extra))),
+                "padding_mask": np.pad(mask, ((0, 0), (0, extra))),
+            }
+        )
+    return padded
+
+
+def generate(
+    causal_lm,
+    inputs,
+    max_length=None,
+    stop_token_ids="auto",
+    strip_prompt=False,
+    max_new_tokens=None,
+    truncate=None,
+):
+    """`generate` of both causal LMs: KerasHub's `CausalLM.generate` with
+    checked lengths.
+
+    Args:
+        causal_lm: a `MultiHashFormerCausalLM` or `StandardCausalLM`.
+        inputs: with a preprocessor: a string, a list/array of strings or a
+            `tf.data.Dataset` of string batches; without one: token ids
+            `{"token_ids", "padding_mask"}` `[b, s]` (right-padded), or a
+            dataset of them.
+        max_length: int >= 1, the total length (prompt, start token included,
+            plus new tokens). A longer prompt is refused (or truncated), and
+            so is a batch whose prompts all fill it (nothing to generate); a
+            prompt exactly this long, next to shorter ones, gets no new
+            token. Default: the preprocessor's `sequence_length`, or the
+            token-id arrays' width.
+        stop_token_ids: `"auto"` (the tokenizer's end token), `None` or a
+            tuple of ids, as in KerasHub.
+        strip_prompt: return only the generated part.
+        max_new_tokens: int >= 1, instead of `max_length`: each prompt gets
+            at most this many new tokens; the total length (and the KV cache)
+            is `longest prompt + max_new_tokens`. Each new total length
+            compiles the generation function once (JAX, TensorFlow).
+        truncate: `None` (default) refuses a prompt that does not fit;
+            `"left"` (text prompts only) keeps the start token and the last
+            tokens of every prompt longer than `max_length - 1` (with
+            `max_length` or by default, `sequence_length`), leaving room for
+            one new token;
+            `sequence_length - max_new_tokens` with `max_new_tokens`, so
+            prompt and new tokens fit in the preprocessor's
+            `sequence_length`.
+
+    Returns:
+        As KerasHub: strings with a preprocessor, else
+        `{"token_ids", "padding_mask"}` numpy arrays.
+
+    Raises:
+        ValueError: impossible lengths, a prompt that does not fit (the
+            message says what to pass), or inputs of the wrong kind.
+
+    Example:
+
+    ```python
+    lm.generate("The cell", max_new_tokens=8)
+    lm.generate(long_document, max_new_tokens=32, truncate="left")
+    ```
+    """
+    check_length_arguments(max_length, max_new_tokens, truncate)
+    preprocessor = causal_lm.preprocessor
+    stop_token_ids = _stop_token_ids(causal_lm, stop_token_ids)
+    if preprocessor is None and truncate is not None:
+        raise ValueError(
+            "generate: truncate='left' applies to text prompts (it keeps the "
+            "start token and the last tokens); token-id prompts are used as "
+            "given: cut them yourself, or attach a preprocessor."
+        )
+    generate_function = causal_lm.make_generate_function()
+    input_is_scalar = False
+    if _is_tf_dataset(inputs):
+        batches = inputs.as_numpy_iterator()
+    elif preprocessor is None:
+        batches = [inputs]
+    else:
+        if isinstance(inputs, (str, bytes)):
+            inputs, input_is_scalar = [inputs], True
+        elif hasattr(inputs, "dtype") and tuple(inputs.shape) == ():
+            # A scalar string tensor or array.
+            inputs = [np.asarray(inputs).item()]
+            input_is_scalar = True
+        batches = [inputs]
+
+    outputs = []
+    for batch in batches:
+        if preprocessor is None:
+            prompt, lengths = size_token_id_prompts(
+                batch, max_length, max_new_tokens
+            )
+        else:
+            check_texts(batch, "prompts", allow_single=False)
+            prompt, lengths = pack_text_prompts(
+                preprocessor, batch, max_length, max_new_tokens, truncate
+            )
+        prompt = _distribute(prompt)
+        output = generate_function(prompt, stop_token_ids=stop_token_ids)
+        if max_new_tokens is not None:
+            output = _limit_new_tokens(output, lengths, max_new_tokens)
+        if strip_prompt:
+            output = _strip_prompt(output, prompt)
+        if preprocessor is not None:
+            output = preprocessor.generate_postprocess(output)
+        outputs.append(output)
+    if not outputs:
+        raise ValueError("generate: the dataset yielded no prompts.")
+    if preprocessor is None:
+        outputs = _pad_to_common_width(outputs)
+    return causal_lm._normalize_generate_outputs(outputs, input_is_scalar)
