@@ -499,7 +499,15 @@ def _check_hyperparameters(
 def check_num_lsh(num_lsh, num_hashes, rule):
     """Raises a clear `ValueError` unless `num_lsh` LSH heads fit `num_hashes`
     heads under `rule` (`0 <= num_lsh <= num_hashes`; pure LSH only with the
-    authors' `"reference"` rule; none with `"repeated"`)."""
+    authors' `"reference"` rule; none with `"repeated"`).
+
+    Example:
+
+    ```python
+    check_num_lsh(1, 4, "unique")  # fine: one LSH head, three MurmurHash3
+    check_num_lsh(4, 4, "unique")  # ValueError: pure LSH needs "reference"
+    ```
+    """
     if (
         isinstance(num_lsh, bool)
         or not isinstance(num_lsh, (int, np.integer))
