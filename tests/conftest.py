@@ -29,6 +29,7 @@ BACKEND_INDEPENDENT = {
     "test_data_documents.py",
     "test_package_structure.py",
     "test_prepare_data.py",
+    "test_signature_lsh.py",
     "test_signature_table.py",
 }
 
