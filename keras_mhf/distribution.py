@@ -59,8 +59,9 @@ def make_distribution(kind, mesh=None, devices=None, config=None):
             `keras_mhf.models.architecture_config(name)`) of the model to be
             built. With it, model parallelism fits the layout to the model
             (dimensions a mesh axis does not divide are replicated) and
-            checks it up front; without it, a layout that does not fit fails
-            when the weights are created.
+            checks it up front; without it, the layout map fits itself to
+            each backbone when the backbone is built (the same fit). Either
+            way a warning names the replicated dimensions.
     """
     check_backend()
     from keras_mhf.models.multi_hash_former_backbone import (

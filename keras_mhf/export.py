@@ -23,8 +23,9 @@ Backend-specific module (TensorFlow). Endpoints, every output named:
 
 Inputs are validated in the graph: ids must be in `[0, V)`, masks 0/1 and
 right-padded (every row with at least one real token), `token_ids` and
-`padding_mask` of the same shape; a violation raises `InvalidArgumentError`
-with a message saying which.
+`padding_mask` of the same shape with at least one row and one position, and
+the string endpoints need at least one string; a violation raises
+`InvalidArgumentError` with a message saying which.
 
 The SavedModel is always traced under the TensorFlow backend: from TensorFlow
 in this process; from JAX and PyTorch by saving the model (`.keras`) and
@@ -100,6 +101,16 @@ def _checked(tf, vocabulary_size, token_ids, padding_mask):
             message="token_ids and padding_mask must have the same shape "
             "[batch, length].",
         ),
+        tf.debugging.assert_positive(
+            tf.shape(token_ids)[0],
+            message="token_ids is an empty batch (shape [0, length]): pass "
+            "at least one sequence.",
+        ),
+        tf.debugging.assert_positive(
+            tf.shape(token_ids)[1],
+            message="token_ids has no positions (shape [batch, 0]): every "
+            "row needs at least one real token, e.g. the start token.",
+        ),
         tf.debugging.assert_non_negative(
             token_ids, message="token_ids must be >= 0."
         ),
@@ -120,7 +131,9 @@ def _checked(tf, vocabulary_size, token_ids, padding_mask):
             message="padding_mask must be right-padded (ones, then zeros).",
         ),
         tf.debugging.assert_equal(
-            tf.reduce_all(padding_mask[:, 0] == 1),
+            # `[:, :1]`, not `[:, 0]`: a [batch, 0] input must reach the
+            # check above instead of failing on the slice.
+            tf.reduce_all(padding_mask[:, :1] == 1),
             True,
             message="every row needs at least one real token "
             "(padding_mask[:, 0] must be 1).",
@@ -138,6 +151,14 @@ def _text_endpoints(tf, model, greedy, scores):
     end = tokenizer.end_token_id
     pad = tokenizer.pad_token_id
 
+    def non_empty(strings, name):
+        check = tf.debugging.assert_positive(
+            tf.size(strings),
+            message=f"{name} is empty: pass at least one string.",
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(strings)
+
     def encode(texts):
         ids = tf.cast(tokenizer(texts), tf.int32)
         bos = tf.fill([tf.shape(texts)[0], 1], tf.constant(start, tf.int32))
@@ -153,7 +174,7 @@ def _text_endpoints(tf, model, greedy, scores):
         tf.debugging.assert_positive(
             max_new_tokens, message="max_new_tokens must be >= 1."
         )
-        ids = encode(prompts)
+        ids = encode(non_empty(prompts, "prompts"))
         lengths = ids.row_lengths()
         total = tf.cast(tf.reduce_max(lengths), tf.int32) + max_new_tokens
         token_ids = ids.to_tensor(default_value=pad)
@@ -185,7 +206,7 @@ def _text_endpoints(tf, model, greedy, scores):
         input_signature=[tf.TensorSpec([None], tf.string, name="texts")]
     )
     def score_text(texts):
-        ids = encode(texts)
+        ids = encode(non_empty(texts, "texts"))
         lengths = ids.row_lengths()
         token_ids = ids.to_tensor(default_value=pad)
         mask = tf.sequence_mask(lengths, tf.shape(token_ids)[1], dtype=tf.int32)

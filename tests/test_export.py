@@ -44,7 +44,19 @@ generated = model.generate_text(
     prompts=tf.constant(prompts), max_new_tokens=tf.constant(6)
 )
 scored = model.score_text(texts=tf.constant(prompts))
+empty = {}
+for name, call in (
+    ("score_text", lambda: model.score_text(texts=tf.constant([], tf.string))),
+    ("generate_text", lambda: model.generate_text(
+        prompts=tf.constant([], tf.string), max_new_tokens=tf.constant(2))),
+):
+    try:
+        call()
+        empty[name] = "accepted"
+    except tf.errors.InvalidArgumentError as error:
+        empty[name] = str(error)
 print(json.dumps({
+    "empty": empty,
     "text": [t.decode() for t in generated["text"].numpy()],
     "completion": [t.decode() for t in generated["completion"].numpy()],
     "log_likelihood": scored["log_likelihood"].numpy().tolist(),
@@ -164,6 +176,9 @@ def test_mhf_export_text_and_id_endpoints(tiny_lm, corpus, tmp_path):
             RELOAD_TEXT, saved, json.dumps(prompts), cwd=tmp_path
         ).splitlines()[-1]
     )
+    # Empty string batches: a clear error, not a failing slice.
+    assert "texts is empty" in out["empty"]["score_text"], out["empty"]
+    assert "prompts is empty" in out["empty"]["generate_text"], out["empty"]
     tiny_lm.compile(sampler="greedy")
     for i, prompt in enumerate(prompts):
         ids = [tokenizer.start_token_id] + [
@@ -219,6 +234,8 @@ def test_overwrite_and_bad_inputs_refused_in_the_graph(tiny_lm, tmp_path):
         (ids, np.array([[0, 1, 1, 1]]), "right-padded"),
         (ids, np.zeros((1, 4)), "at least one real token"),
         (np.tile(ids, (2, 1)), mask, "same shape"),
+        (np.zeros((1, 0)), np.zeros((1, 0)), r"no positions \(shape"),
+        (np.zeros((0, 4)), np.zeros((0, 4)), "empty batch"),
     ]
     for bad_ids, bad_mask, message in cases:
         for endpoint in (model.serve, model.score, model.generate):
@@ -227,3 +244,16 @@ def test_overwrite_and_bad_inputs_refused_in_the_graph(tiny_lm, tmp_path):
                     token_ids=tf.constant(bad_ids, tf.int32),
                     padding_mask=tf.constant(bad_mask, tf.int32),
                 )
+    # A start token then padding, in every row: valid, and answered.
+    start_only = dict(
+        token_ids=tf.constant([[1, 0], [1, 0]], tf.int32),
+        padding_mask=tf.constant([[1, 0], [1, 0]], tf.int32),
+    )
+    log_probs = model.serve(**start_only)["log_probs"].numpy()
+    assert log_probs.shape == (2, vocabulary_size)
+    assert np.isfinite(log_probs).all()
+    np.testing.assert_array_equal(
+        model.score(**start_only)["token_log_probs"].numpy(), 0.0
+    )
+    generated = model.generate(**start_only)
+    assert generated["padding_mask"].numpy().tolist() == [[1, 1], [1, 1]]

@@ -12,6 +12,7 @@ from keras_mhf.models.multi_hash_former_layout import weight_shapes
 FITTED = r"""
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import warnings
 import numpy as np, keras
 from keras_mhf.distribution import make_distribution
 from keras_mhf.models import MultiHashFormerBackbone, MultiHashFormerCausalLM
@@ -21,22 +22,40 @@ from keras_mhf.models.multi_hash_former_layout import check_layout_map
 # tiny: 2 KV heads, which a 4-way "batch" axis cannot split.
 config = architecture_config("tiny_h3b64", gate_dim=8, mixer_dim=8)
 mesh = keras.distribution.DeviceMesh((4, 2), ("batch", "model"))
-plain = MultiHashFormerBackbone.get_layout_map(mesh)
+# The KerasHub way: no config. Before a model is built the map holds the
+# plain rules, which check_layout_map refuses, naming weight, dim and axis.
+layout_map = MultiHashFormerBackbone.get_layout_map(mesh)
 try:
-    check_layout_map(plain, config)
+    check_layout_map(layout_map, config)
     raise SystemExit("an unfit layout was accepted")
 except ValueError as error:
     message = str(error)
     assert "transformer_layer_0/self_attention/key/kernel" in message, message
     assert "dimension 1 (2)" in message and "'batch' of size 4" in message
+# With config= the map is fitted at once (and the check passes).
+check_layout_map(make_distribution("model", "4x2", config=config)
+                 ._layout_map, config)
 
 keras.distribution.set_distribution(
-    make_distribution("model", "4x2", config=config)
+    keras.distribution.ModelParallel(
+        layout_map=layout_map, batch_dim_name="batch"
+    )
 )
 tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(61)]
-model = MultiHashFormerCausalLM.from_tokens(
-    tokens, "tiny_h3b64", pad_token_id=2, gate_dim=8, mixer_dim=8
-)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    model = MultiHashFormerCausalLM.from_tokens(
+        tokens, "tiny_h3b64", pad_token_id=2, gate_dim=8, mixer_dim=8
+    )
+messages = [str(w.message) for w in caught if "layout" in str(w.message)]
+assert len(messages) == 1, messages
+assert (
+    "transformer_layer_*/self_attention/key/kernel dimension 1 (2) over "
+    "mesh axis 'batch' of size 4 (2 weights)" in messages[0]
+), messages[0]
+assert "value/kernel" in messages[0] and "query" not in messages[0]
+# The fitted map passes the check that the plain rules failed.
+check_layout_map(layout_map, config)
 model.compile(optimizer=keras.optimizers.SGD(0.1))
 ids = np.random.default_rng(0).integers(3, 64, size=(8, 9)).astype("int32")
 x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((8, 8), "int32")}

@@ -17,6 +17,9 @@ import safetensors
 from keras_hub.src.utils.transformers import convert_qwen3
 from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
+from keras_mhf.models.multi_hash_former_vocabulary import (
+    tokenization_fingerprint,
+)
 from keras_mhf.signature_table import SignatureTable
 from keras_mhf.utils.transformers import weight_names
 
@@ -384,7 +387,15 @@ def load_authors_checkpoint(
             )
 
         backbone = task_cls.backbone_cls(
-            signatures=table, dtype=dtype, **kwargs
+            signatures=table,
+            dtype=dtype,
+            # The tokenizer used here becomes the model's (check_tokenizer).
+            tokenization_fingerprint=(
+                None
+                if tokenizer is None
+                else tokenization_fingerprint(tokenizer)
+            ),
+            **kwargs,
         )
         preprocessor = (
             preprocessor_cls(tokenizer, sequence_length=sequence_length)

@@ -4,7 +4,9 @@ from keras_hub.models import Backbone
 from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
 from keras_mhf.layers.hash_encoder import HashEncoder
 from keras_mhf.layers.signature_lookup import SignatureLookup
+from keras_mhf.models.multi_hash_former_layout import fit_layout_to_weights
 from keras_mhf.models.multi_hash_former_layout import layout_map
+from keras_mhf.models.preset_consistency import check_preset_of_weights
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.signature_table import MAX_BUCKETS
 from keras_mhf.signature_table import SignatureTable
@@ -56,6 +58,13 @@ class MultiHashFormerBackbone(Backbone):
         signatures: a `SignatureTable` or int array `[V, H]`. Required when
             building a new backbone; a backbone rebuilt from its config gets
             the table from the saved weights.
+        tokenization_fingerprint: str or `None`, the
+            `tokenization_fingerprint` of the tokenizer the model was built
+            for (its pieces, scores, types and normalizer); a tokenizer that
+            tokenizes differently is then refused even when its pieces hash
+            to the same signatures. `None` (models saved before it was
+            recorded, or built from bare token strings): only the signatures
+            are checked.
         dtype: dtype policy of the model.
         **kwargs: standard `keras.Model` arguments.
 
@@ -93,6 +102,7 @@ class MultiHashFormerBackbone(Backbone):
         dropout=0.0,
         pad_token_id=None,
         signature_rule="unique",
+        tokenization_fingerprint=None,
         signatures=None,
         dtype=None,
         num_lsh=0,
@@ -147,6 +157,20 @@ class MultiHashFormerBackbone(Backbone):
                     signature_rule,
                     num_lsh,
                 )
+        # A MultiHashFormerLayoutMap fits itself to the weights about to be
+        # created (dimensions its mesh axes do not divide are replicated).
+        fit_layout_to_weights(
+            num_hashes=num_hashes,
+            num_buckets=num_buckets,
+            num_layers=num_layers,
+            num_query_heads=num_query_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
+            gate_dim=gate_dim,
+            mixer_dim=mixer_dim,
+        )
         # === Layers ===
         self.signature_lookup = SignatureLookup(
             vocabulary_size,
@@ -222,6 +246,7 @@ class MultiHashFormerBackbone(Backbone):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.dropout = dropout
         self.pad_token_id = pad_token_id
+        self.tokenization_fingerprint = tokenization_fingerprint
         self.signature_rule = signature_rule
         self.num_lsh = num_lsh
 
@@ -249,7 +274,10 @@ class MultiHashFormerBackbone(Backbone):
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, strict: a corrupt or truncated file, or
         one of a model with another configuration, is a clear `ValueError`
-        naming the file (never a partial load)."""
+        naming the file (never a partial load). A preset's weight file is
+        read only if the preset's files agree with each other
+        (`keras_mhf.models.preset_consistency`)."""
+        check_preset_of_weights(filepath)
         try:
             return super().load_weights(filepath, *args, **kwargs)
         except (OSError, ValueError, KeyError) as error:
@@ -312,17 +340,20 @@ class MultiHashFormerBackbone(Backbone):
         `(model, data)`), the encoder's gate and output kernels, the
         attention and MLP kernels and the cascade mixers are split between
         the two axes, and the int signature table, norms and biases are
-        replicated. Pass the backbone's `config` (`get_config()`, or the
-        config of a model not built yet) to fit the layout to the model:
-        every dimension that its mesh axis does not divide (e.g. 2 KV heads
-        on a 4-way axis) is then replicated instead of failing inside JAX.
-        The same rules serve the Standard baseline's trunk.
+        replicated. The map (a `MultiHashFormerLayoutMap`) fits itself to
+        each backbone built under the distribution holding it: every
+        dimension that its mesh axis does not divide (e.g. 2 KV heads on a
+        4-way axis) is replicated instead of failing inside JAX, with a
+        warning naming the weights. `config` (`get_config()`, or
+        `architecture_config(...)`) fits it at once, so that
+        `check_layout_map` can inspect it before anything is built. The same
+        rules serve the Standard baseline's trunk.
 
         Args:
             device_mesh: a `keras.distribution.DeviceMesh`.
             model_parallel_dim_name: the mesh axis that shards weights.
             data_parallel_dim_name: the mesh axis that shards the batch.
-            config: optional backbone config to fit the layout to.
+            config: optional backbone config to fit the layout to now.
 
         Example:
 
@@ -330,9 +361,7 @@ class MultiHashFormerBackbone(Backbone):
         mesh = keras.distribution.DeviceMesh(
             (2, 4), ("batch", "model"), keras.distribution.list_devices()
         )
-        layout_map = MultiHashFormerBackbone.get_layout_map(
-            mesh, config=backbone_config
-        )
+        layout_map = MultiHashFormerBackbone.get_layout_map(mesh)
         keras.distribution.set_distribution(
             keras.distribution.ModelParallel(
                 layout_map=layout_map, batch_dim_name="batch"
@@ -375,6 +404,7 @@ class MultiHashFormerBackbone(Backbone):
                 "dropout": self.dropout,
                 "pad_token_id": self.pad_token_id,
                 "signature_rule": self.signature_rule,
+                "tokenization_fingerprint": self.tokenization_fingerprint,
                 "num_lsh": self.num_lsh,
                 # The table itself travels in the weights (`signature_lookup`).
                 "signatures": None,

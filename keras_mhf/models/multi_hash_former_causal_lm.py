@@ -14,6 +14,7 @@ from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
 from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
+from keras_mhf.models.preset_consistency import check_preset_consistency
 from keras_mhf.next_token_scorer import forget_scorers
 from keras_mhf.next_token_scorer import target_losses
 from keras_mhf.utils.keras_utils import TASK_KWARGS
@@ -124,7 +125,7 @@ class MultiHashFormerCausalLM(CausalLM):
         hidden_states = backbone(inputs)
         outputs = self.hash_decoder(hidden_states)
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
-        # sha256 of the last tokenizer found to match the signature table.
+        # tokenization_fingerprint of the last tokenizer that passed.
         self._verified_tokenizer = None
 
         # === Config ===
@@ -200,6 +201,9 @@ class MultiHashFormerCausalLM(CausalLM):
                 settings (`scoring_temperature`, `decoding`,
                 `candidate_buckets`).
         """
+        # The model records how its tokenizer tokenizes (check_tokenizer).
+        fingerprint = vocabulary.tokenization_fingerprint(tokenizer)
+        backbone_kwargs.setdefault("tokenization_fingerprint", fingerprint)
         model = cls.from_tokens(
             tokenizer.get_vocabulary(),
             architecture,
@@ -212,7 +216,7 @@ class MultiHashFormerCausalLM(CausalLM):
             tokenizer, sequence_length=sequence_length
         )
         # The table was just hashed from this tokenizer's vocabulary.
-        model._verified_tokenizer = vocabulary.tokenizer_fingerprint(tokenizer)
+        model._verified_tokenizer = fingerprint
         return model
 
     @classmethod
@@ -257,11 +261,18 @@ class MultiHashFormerCausalLM(CausalLM):
             **kwargs: forwarded to KerasHub's loader (e.g. `dtype`), or, for
                 an authors' checkpoint, `tokenizer` (a tokenizer or `.model`
                 path), `dtype` and `sequence_length`.
+
+        Raises:
+            ValueError: the preset's files disagree (e.g. `config.json` and
+                `task.json` describe different backbones; see
+                `keras_mhf.models.preset_consistency`), its weights do not
+                fit, or its tokenizer does not match the model.
         """
         if authors_checkpoint.is_authors_checkpoint(preset):
             return authors_checkpoint.load_authors_checkpoint(
                 cls, preset, load_weights=load_weights, **kwargs
             )
+        check_preset_consistency(preset)  # before building anything
         model = super().from_preset(preset, load_weights=load_weights, **kwargs)
         if load_weights:
             model.check_tokenizer()
@@ -740,16 +751,18 @@ class MultiHashFormerCausalLM(CausalLM):
 
     def check_tokenizer(self, force=False):
         """Raises a clear error if the attached tokenizer does not match the
-        model's signature table.
+        model's signature table, or tokenizes differently from the tokenizer
+        the model records (`backbone.tokenization_fingerprint`: same pieces,
+        other scores, types or normalizer).
 
         The full check hashes the tokenizer's vocabulary; it runs whenever the
-        attached tokenizer differs (by sha256 of its model) from the last one
-        that passed, or when `force` is set.
+        attached tokenizer's `tokenization_fingerprint` differs from the last
+        one that passed, or when `force` is set.
         """
         tokenizer = getattr(self.preprocessor, "tokenizer", None)
         if tokenizer is None:
             return
-        fingerprint = vocabulary.tokenizer_fingerprint(tokenizer)
+        fingerprint = vocabulary.tokenization_fingerprint(tokenizer)
         if fingerprint is None or (
             fingerprint == self._verified_tokenizer and not force
         ):

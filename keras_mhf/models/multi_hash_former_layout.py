@@ -7,13 +7,19 @@ split between the model and data axes; the int signature table, norms and
 biases are replicated.
 
 A rule only works when the mesh axis divides the weight's dimension (e.g. 2 KV
-heads cannot be split 4 ways). Given the backbone's config, `layout_map`
-fits every weight: a dimension that an axis does not divide is replicated
-instead; and `check_layout_map` refuses, before any weight exists, a layout
-that cannot work, naming the weight, the dimension and the mesh axis.
+heads cannot be split 4 ways). `layout_map` returns a
+`MultiHashFormerLayoutMap`, which fits itself to the model: a
+`MultiHashFormerBackbone` or `StandardBackbone` built under a `ModelParallel`
+distribution that holds one tells it the shapes of the weights it is about to
+create (`fit`, from the backbone's own config), and every dimension that its
+mesh axis does not divide is then replicated instead of failing inside JAX,
+with a warning naming the weights, dimensions and mesh axes. `check_layout_map`
+refuses, before any weight exists, a layout that cannot work, naming the
+weight, the dimension and the mesh axis.
 """
 
 import re
+import warnings
 
 import keras
 
@@ -88,21 +94,142 @@ def _axes_of(layout_map, path):
     return None if layout is None else tuple(layout.axes)
 
 
+class MultiHashFormerLayoutMap(keras.distribution.LayoutMap):
+    """A `keras.distribution.LayoutMap` that fits its rules to the weights.
+
+    It behaves like any `LayoutMap` (regex keys, exact keys first) until a
+    backbone built under a `ModelParallel` distribution holding it calls
+    `fit` with its config, before creating its weights. From then on the
+    layout of each of those weights has every dimension that its mesh axis
+    does not divide replicated (`None`), so the weight is created instead of
+    failing with JAX's `IndivisibleError`; `fit` warns once, naming the
+    weights, dimensions and axes it replicates. A layout whose rank differs
+    from its weight's is refused there, naming the weight.
+
+    Args:
+        device_mesh: a `keras.distribution.DeviceMesh`.
+
+    Example:
+
+    ```python
+    mesh = keras.distribution.DeviceMesh((4, 2), ("batch", "model"))
+    layout_map = MultiHashFormerBackbone.get_layout_map(mesh)
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(
+            layout_map=layout_map, batch_dim_name="batch"
+        )
+    )
+    lm = MultiHashFormerCausalLM.from_tokenizer(tokenizer, "tiny_h3b64")
+    ```
+    """
+
+    def __init__(self, device_mesh):
+        super().__init__(device_mesh)
+        self._fitted = {}
+
+    def fit(self, config):
+        """Fits the layouts to the weights of the backbone that `config`
+        describes (a `get_config()`, or `architecture_config(...)`);
+        replaces an earlier fit.
+
+        Returns:
+            `{weight path: (dimension, size, mesh axis, axis size)}` of the
+            dimensions replicated because the axis does not divide them.
+
+        Raises:
+            ValueError: a layout's rank differs from its weight's.
+        """
+        sizes = _axis_sizes(self.device_mesh)
+        fitted, replicated = {}, {}
+        for path, shape in weight_shapes(config).items():
+            layout = super().__getitem__(path)
+            if layout is None:
+                continue
+            axes = tuple(layout.axes)
+            if len(axes) != len(shape):
+                raise ValueError(
+                    f"The layout {axes} of weight '{path}' has {len(axes)} "
+                    f"axes; the weight has shape {shape}."
+                )
+            dropped = [
+                (i, dim, axis, sizes[axis])
+                for i, (axis, dim) in enumerate(zip(axes, shape))
+                if axis is not None and dim % sizes[axis]
+            ]
+            if dropped:
+                replicated[path] = dropped
+                axes = tuple(
+                    None if axis is not None and dim % sizes[axis] else axis
+                    for axis, dim in zip(axes, shape)
+                )
+                layout = keras.distribution.TensorLayout(axes, self.device_mesh)
+            fitted[path] = layout
+        self._fitted = fitted
+        if replicated:
+            warnings.warn(_replication_message(replicated), stacklevel=3)
+        return replicated
+
+    def __getitem__(self, key):
+        if key in self._fitted:
+            return self._fitted[key]
+        for path, layout in self._fitted.items():
+            if key.endswith("/" + path):  # a backbone inside a name scope
+                return layout
+        return super().__getitem__(key)
+
+
+def _replication_message(replicated):
+    groups = {}
+    for path, dropped in replicated.items():
+        for dim_index, dim, axis, size in dropped:
+            key = (re.sub(r"_\d+(?=/|$)", "_*", path), dim_index, dim, axis)
+            groups.setdefault(key, [size, 0])[1] += 1
+    lines = [
+        f"{pattern} dimension {dim_index} ({dim}) over mesh axis {axis!r} "
+        f"of size {size} ({count} weight{'s' if count > 1 else ''})"
+        for (pattern, dim_index, dim, axis), (size, count) in groups.items()
+    ]
+    return (
+        "MultiHashFormer layout: replicating the dimensions that their mesh "
+        "axis does not divide (these weights are not split along them): "
+        + "; ".join(lines)
+        + ". Choose a mesh whose axes divide them to shard them."
+    )
+
+
+def fit_layout_to_weights(**config):
+    """Fits the active distribution's `MultiHashFormerLayoutMap`, if any, to
+    the weights of the backbone described by `config` (its constructor
+    arguments). Backbone constructors call it before creating any weight.
+
+    Example:
+
+    ```python
+    fit_layout_to_weights(num_layers=2, num_query_heads=4, ...)
+    ```
+    """
+    distribution = keras.distribution.distribution()
+    layouts = getattr(distribution, "_layout_map", None)
+    if isinstance(layouts, MultiHashFormerLayoutMap):
+        layouts.fit(config)
+
+
 def layout_map(
     device_mesh,
     model_parallel_dim_name="model",
     data_parallel_dim_name="batch",
     config=None,
 ):
-    """A `keras.distribution.LayoutMap` (see the module docstring).
+    """A `MultiHashFormerLayoutMap` (see the module docstring).
 
     Args:
         device_mesh: a `keras.distribution.DeviceMesh`.
         model_parallel_dim_name: the mesh axis that shards weights.
         data_parallel_dim_name: the mesh axis that shards the batch.
-        config: optional backbone config. With it, the map holds one exact
-            entry per weight, with every dimension that its mesh axis does
-            not divide replicated; without it, the regex rules as they are.
+        config: optional backbone config to fit the map to now (so that
+            `check_layout_map` and the warning come before any model is
+            built); without it the map fits itself to each backbone built
+            under it.
     """
     for name in (model_parallel_dim_name, data_parallel_dim_name):
         if name not in device_mesh.axis_names:
@@ -110,21 +237,13 @@ def layout_map(
                 f"{name!r} is not an axis of the device mesh "
                 f"{device_mesh.axis_names}."
             )
-    rules = _rules(model_parallel_dim_name, data_parallel_dim_name)
-    result = keras.distribution.LayoutMap(device_mesh)
-    if config is None:
-        for pattern, axes in rules:
-            result[pattern] = axes
-        return result
-    sizes = _axis_sizes(device_mesh)
-    for path, shape in weight_shapes(config).items():
-        axes = next((a for p, a in rules if re.fullmatch(p, path)), None)
-        if axes is None:
-            continue
-        result[path] = tuple(
-            None if axis is not None and dim % sizes[axis] else axis
-            for axis, dim in zip(axes, shape)
-        )
+    result = MultiHashFormerLayoutMap(device_mesh)
+    for pattern, axes in _rules(
+        model_parallel_dim_name, data_parallel_dim_name
+    ):
+        result[pattern] = axes
+    if config is not None:
+        result.fit(config)
     return result
 
 
@@ -151,6 +270,6 @@ def check_layout_map(layout_map, config):
                     f"Weight '{path}' of shape {shape}: dimension {dim_index} "
                     f"({dim}) cannot be split over mesh axis {axis!r} of size "
                     f"{sizes[axis]}. Use a mesh whose {axis!r} axis divides "
-                    f"{dim}, or build the layout with `config=` so that such "
-                    "dimensions are replicated."
+                    f"{dim}, or `MultiHashFormerBackbone.get_layout_map`, "
+                    "whose map replicates such dimensions."
                 )

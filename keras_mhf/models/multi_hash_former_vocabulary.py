@@ -6,7 +6,9 @@ The task's `from_tokens`, `from_tokenizer`, `check_tokenizer` and
 `expand_vocabulary` are thin wrappers over these functions.
 """
 
+import functools
 import hashlib
+import json
 
 import numpy as np
 
@@ -65,26 +67,136 @@ def build_backbone(
     )
 
 
-def tokenizer_fingerprint(tokenizer):
-    """sha256 of a tokenizer's model (its SentencePiece proto), or of its
-    vocabulary strings when it has no proto; `None` without a vocabulary."""
-    proto = getattr(tokenizer, "proto", None)
-    if isinstance(proto, bytes):
-        return hashlib.sha256(proto).hexdigest()
+# What a SentencePiece model's encoder and decoder read, besides its pieces.
+# Fixed lists (not "every field"), so that a sentencepiece release that adds
+# trainer options gives the same fingerprint for the same model file.
+_SENTENCEPIECE_TRAINER_FIELDS = (
+    "model_type",
+    "byte_fallback",
+    "treat_whitespace_as_suffix",
+    "allow_whitespace_only_pieces",
+    "split_by_whitespace",
+    "split_by_number",
+    "split_by_unicode_script",
+    "split_digits",
+    "unk_id",
+    "bos_id",
+    "eos_id",
+    "pad_id",
+    "unk_surface",
+)
+_SENTENCEPIECE_NORMALIZER_FIELDS = (
+    "name",
+    "precompiled_charsmap",
+    "add_dummy_prefix",
+    "remove_extra_whitespaces",
+    "escape_whitespaces",
+    "normalization_rule_tsv",
+)
+
+
+def tokenization_fingerprint(tokenizer):
+    """sha256 of everything that decides how a tokenizer maps text to ids.
+
+    For a SentencePiece tokenizer (a `.proto`, or the model's bytes): every
+    piece's string, score (the merge order of BPE, the unigram
+    log-probability) and type (normal, control, byte, unused, ...), the
+    normalizer and denormalizer specs, and the encoder's options (model type,
+    byte fallback, whitespace handling, special ids). Not the trainer's other
+    options (input files, sizes, seeds, threads), which only steer training,
+    and not the file's bytes: re-saving a model gives the same fingerprint.
+    For other tokenizers: the vocabulary strings and, if the tokenizer has
+    them, its BPE merges. `None` for a tokenizer without a vocabulary.
+
+    A model records the fingerprint of the tokenizer it was built for
+    (`MultiHashFormerBackbone(tokenization_fingerprint=...)`); the task's
+    `check_tokenizer` refuses a tokenizer whose fingerprint differs.
+
+    Args:
+        tokenizer: a `MultiHashFormerTokenizer` (or any KerasHub tokenizer),
+            or the bytes of a SentencePiece model.
+
+    Returns:
+        A 64-character hex string, or `None`.
+
+    Example:
+
+    ```python
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer("tokenizer.model")
+    tokenization_fingerprint(tokenizer)[:16]
+    ```
+    """
+    proto = tokenizer
+    if not isinstance(proto, (bytes, bytearray)):
+        proto = getattr(tokenizer, "proto", None)
+    if isinstance(proto, (bytes, bytearray)):
+        return _sentencepiece_fingerprint(bytes(proto))
     try:
         vocabulary = tokenizer.get_vocabulary()
     except (AttributeError, ValueError, TypeError):
         return None
     if vocabulary is None:
         return None
-    return hashlib.sha256(
-        "\n".join(vocabulary).encode("utf-8", "surrogatepass")
-    ).hexdigest()
+    content = {"format": "vocabulary-v1", "pieces": list(vocabulary)}
+    merges = getattr(tokenizer, "merges", None)
+    if merges is not None:
+        content["merges"] = list(merges)
+    return _sha256_of(content)
+
+
+def _sha256_of(content):
+    text = json.dumps(
+        content, sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _sentencepiece_fingerprint(proto):
+    # Cached: the task checks its tokenizer on every fit/generate/score call
+    # (bytes cache their hash, so a hit costs nothing).
+    from sentencepiece import sentencepiece_model_pb2
+
+    model = sentencepiece_model_pb2.ModelProto()
+    try:
+        model.ParseFromString(proto)
+    except Exception as error:  # protobuf's DecodeError
+        raise ValueError(
+            f"The tokenizer's SentencePiece model cannot be parsed: {error}"
+        ) from error
+
+    def fields(spec, names):
+        values = {}
+        for name in names:
+            value = getattr(spec, name)
+            values[name] = value.hex() if isinstance(value, bytes) else value
+        return values
+
+    denormalizer = None
+    if model.HasField("denormalizer_spec"):
+        denormalizer = fields(
+            model.denormalizer_spec, _SENTENCEPIECE_NORMALIZER_FIELDS
+        )
+    return _sha256_of(
+        {
+            "format": "sentencepiece-v1",
+            "trainer": fields(
+                model.trainer_spec, _SENTENCEPIECE_TRAINER_FIELDS
+            ),
+            "normalizer": fields(
+                model.normalizer_spec, _SENTENCEPIECE_NORMALIZER_FIELDS
+            ),
+            "denormalizer": denormalizer,
+            "pieces": [[p.piece, p.score, p.type] for p in model.pieces],
+        }
+    )
 
 
 def check_tokenizer(backbone, tokenizer):
     """Raises a clear `ValueError` if `tokenizer`'s vocabulary does not hash
-    to `backbone`'s stored signature table (same size, same rows)."""
+    to `backbone`'s stored signature table (same size, same rows), or if the
+    backbone records a `tokenization_fingerprint` and the tokenizer's
+    differs (same pieces, but other scores, types or normalizer)."""
     vocabulary = tokenizer.get_vocabulary()
     if len(vocabulary) != backbone.vocabulary_size:
         raise ValueError(
@@ -117,6 +229,19 @@ def check_tokenizer(backbone, tokenizer):
             f"{tuple(stored[rows[0]].tolist())}, tokenizer "
             f"{tuple(expected[rows[0]].tolist())}). The model would read "
             "the wrong embeddings; attach the tokenizer it was trained with."
+        )
+    recorded = getattr(backbone, "tokenization_fingerprint", None)
+    found = tokenization_fingerprint(tokenizer)
+    if recorded is not None and found is not None and found != recorded:
+        raise ValueError(
+            "The tokenizer has the model's pieces (they hash to its "
+            "signature table) but tokenizes differently from the tokenizer "
+            "the model was built for: its tokenization fingerprint is "
+            f"{found[:16]}..., the model records {recorded[:16]}... . Its "
+            "piece scores (the merge order), piece types or normalizer "
+            "differ, so the same text would become other ids than the model "
+            "was trained on. Attach the model's own tokenizer (e.g. the one "
+            "in its preset)."
         )
 
 
@@ -160,7 +285,14 @@ def expand_vocabulary(lm, new_tokens=None, tokenizer=None):
     old_table = backbone.get_signature_table(tokens=old_vocabulary)
     new_table = old_table.expand(list(new_tokens))
     config = backbone.get_config()
-    config.update(vocabulary_size=len(new_table), signatures=new_table)
+    config.update(
+        vocabulary_size=len(new_table),
+        signatures=new_table,
+        # The new tokenizer's (without one, no tokenizer is known yet).
+        tokenization_fingerprint=(
+            None if tokenizer is None else tokenization_fingerprint(tokenizer)
+        ),
+    )
     new_backbone = type(backbone).from_config(config)
     # With only `new_tokens`, no tokenizer can produce the new ids: the
     # returned model has no preprocessor until one is attached.

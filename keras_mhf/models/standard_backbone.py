@@ -2,6 +2,8 @@ import keras
 from keras.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
+from keras_mhf.models.multi_hash_former_layout import fit_layout_to_weights
+from keras_mhf.models.preset_consistency import check_preset_of_weights
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
@@ -66,6 +68,15 @@ class StandardBackbone(Backbone):
     ):
         check_known_kwargs(
             "StandardBackbone", kwargs, argument_names(type(self))
+        )
+        # A MultiHashFormerLayoutMap fits itself to the trunk's weights.
+        fit_layout_to_weights(
+            num_layers=num_layers,
+            num_query_heads=num_query_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            hidden_dim=hidden_dim,
+            intermediate_dim=intermediate_dim,
         )
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
@@ -143,6 +154,13 @@ class StandardBackbone(Backbone):
         return export_qwen3.export_backbone(
             self, path, overwrite, max_position_embeddings
         )
+
+    def load_weights(self, filepath, *args, **kwargs):
+        """`keras.Model.load_weights`; a preset's weight file is read only
+        if the preset's files agree with each other
+        (`keras_mhf.models.preset_consistency`)."""
+        check_preset_of_weights(filepath)
+        return super().load_weights(filepath, *args, **kwargs)
 
     def get_config(self):
         config = super().get_config()
