@@ -247,21 +247,55 @@ def join_processes(args):
     return None
 
 
+def run_reporting_errors(parser, run):
+    """Calls `run()` (a `pretrain` or `finetune` call) and returns its
+    summary; a refused run exits with status 2 (`parser.error`), a failed
+    one with status 1 and one line naming the error, never a traceback.
+    `recipes/finetune.py` uses it too."""
+    from keras_mhf.pretraining import CheckpointError
+    from keras_mhf.pretraining import DiskFullError
+    from keras_mhf.pretraining import NonFiniteTrainingError
+    from keras_mhf.pretraining import OutputLockedError
+    from keras_mhf.pretraining import RunConfigError
+
+    try:
+        _, summary = run()
+    except RunConfigError as error:
+        parser.error(str(error))
+    except (
+        NonFiniteTrainingError,
+        CheckpointError,
+        DiskFullError,
+        OutputLockedError,
+    ) as error:
+        name = type(error).__name__
+        print(f"{parser.prog}: error: {name}: {error}", file=sys.stderr)
+        if isinstance(error, DiskFullError):
+            # HDF5 keeps the file whose write failed and closes it again at
+            # interpreter exit, which crashes the process (exit 139) while
+            # the disk is still full: everything is written and flushed, so
+            # the process ends here instead.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        sys.exit(1)
+    return summary
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     problem = join_processes(args)
     if problem:
         parser.error(problem)
-    from keras_mhf.pretraining import CheckpointError
-    from keras_mhf.pretraining import DiskFullError
-    from keras_mhf.pretraining import NonFiniteTrainingError
-    from keras_mhf.pretraining import OutputLockedError
-    from keras_mhf.pretraining import RunConfigError
     from keras_mhf.pretraining import pretrain
+    from keras_mhf.utils.progress import show_progress
 
-    try:
-        _, summary = pretrain(
+    show_progress(not args.quiet)  # the final calibration's progress
+
+    summary = run_reporting_errors(
+        parser,
+        lambda: pretrain(
             data=_data(args.data),
             output_dir=args.output,
             tokenizer=args.tokenizer,
@@ -288,26 +322,8 @@ def main(argv=None):
             compilation_cache=args.compilation_cache,
             verify_data=not args.no_verify,
             verbose=0 if args.quiet else 1,
-        )
-    except RunConfigError as error:
-        parser.error(str(error))
-    except (
-        NonFiniteTrainingError,
-        CheckpointError,
-        DiskFullError,
-        OutputLockedError,
-    ) as error:
-        name = type(error).__name__
-        print(f"{parser.prog}: error: {name}: {error}", file=sys.stderr)
-        if isinstance(error, DiskFullError):
-            # HDF5 keeps the file whose write failed and closes it again at
-            # interpreter exit, which crashes the process (exit 139) while
-            # the disk is still full: everything is written and flushed, so
-            # the process ends here instead.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
-        sys.exit(1)
+        ),
+    )
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -62,6 +62,8 @@ The modules, in the order a run uses them:
 | `training` | optimizer, models, `train_chunk` and its non-finite stop |
 | `validation` | the final calibration and held-out validation |
 | `run` | `finish` (preset, summary) and `pretrain` |
+| `presets` | runs from a preset: its model, tokenizer, sha256 (LoRA) |
+| `finetune` | `finetune`: `pretrain` from a preset (`recipes/finetune.py`) |
 
 `DiskFullError` and `OutputLockedError` (from `keras_mhf.utils`) are
 re-exported here too. The run's API is re-exported here; the helpers the
@@ -120,6 +122,8 @@ from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.errors import NonFiniteTrainingError
 from keras_mhf.pretraining.errors import NonFiniteWeightsError
 from keras_mhf.pretraining.errors import RunConfigError
+from keras_mhf.pretraining.finetune import FINETUNE_DEFAULTS
+from keras_mhf.pretraining.finetune import finetune
 from keras_mhf.pretraining.logs import LOG_FIELDS
 from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row

@@ -20,6 +20,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_mhf.models.lora import lora_layers
+from keras_mhf.models.lora import unmerged_lora
 from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
@@ -42,6 +44,9 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_FORMAT = "keras_mhf.pretraining_checkpoint"
 CHECKPOINT_VERSION = 1
 WEIGHTS_FILE = "model.weights.h5"
+# A LoRA run's adapters (KerasHub's `save_lora_weights`); its weights file
+# then holds the frozen base kernels, not the merged ones.
+LORA_FILE = "model.lora.h5"
 STATE_FILE = "state.json"
 KEEP_CHECKPOINTS = 2
 _CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
@@ -72,6 +77,21 @@ def run_settings(config, data):
         "seed": config.seed,
         "mixed_precision": bool(config.mixed_precision),
         "data": data.fingerprint,
+    } | _preset_settings(config)
+
+
+def _preset_settings(config):
+    """A run from a preset also records the preset's sha256, the LoRA
+    rank and whether the hash tables train (none of it for pre-training,
+    whose settings stay as they were)."""
+    if config.initial_preset is None:
+        return {}
+    from keras_mhf.pretraining.presets import preset_fingerprint
+
+    return {
+        "initial_preset": preset_fingerprint(config.initial_preset),
+        "lora_rank": config.lora_rank,
+        "train_tables": bool(config.train_tables),
     }
 
 
@@ -202,6 +222,16 @@ def read_checkpoint(directory):
         raise CheckpointError(
             f"{weights} does not match the sha256 its state records (damaged)"
         )
+    if state.get("lora") is not None:
+        lora = os.path.join(directory, state["lora"]["file"])
+        if not os.path.isfile(lora) or (
+            os.path.getsize(lora) != state["lora"]["bytes"]
+            or file_sha256(lora) != state["lora"]["sha256"]
+        ):
+            raise CheckpointError(
+                f"{lora} is missing or does not match the size and sha256 "
+                "its state records (damaged)"
+            )
     return state
 
 
@@ -322,6 +352,10 @@ def resume(config, lm, data):
         )
     lm.optimizer.build(lm.trainable_variables)
     lm.load_weights(os.path.join(directory, state["weights"]["file"]))
+    if state.get("lora") is not None:  # load_weights zeroed the adapters
+        lm.backbone.load_lora_weights(
+            os.path.join(directory, state["lora"]["file"])
+        )
     trim_log(config, state["step"])
     if config.verbose:
         print(f"Resuming from step {state['step']} ({directory}).")
@@ -522,10 +556,19 @@ def _write_checkpoint(
     """The files of a checkpoint, in its temporary directory, flushed."""
     os.makedirs(temporary)
     weights = os.path.join(temporary, WEIGHTS_FILE)
+    lora = None
     with writing_alone():
-        lm.save_weights(weights)
+        # Keras saves LoRA kernels merged and zeroes the adapters on load:
+        # a LoRA run saves the base kernels and the adapters beside them.
+        with unmerged_lora(lm):
+            lm.save_weights(weights)
+        if lora_layers(lm):
+            lora = os.path.join(temporary, LORA_FILE)
+            lm.backbone.save_lora_weights(lora)
     hooks.event("weights_written", path=weights)
     fsync_file(weights)
+    if lora is not None:
+        fsync_file(lora)
     state = {
         "format": CHECKPOINT_FORMAT,
         "format_version": CHECKPOINT_VERSION,
@@ -544,6 +587,12 @@ def _write_checkpoint(
             "sha256": file_sha256(weights),
         },
     }
+    if lora is not None:
+        state["lora"] = {
+            "file": LORA_FILE,
+            "bytes": os.path.getsize(lora),
+            "sha256": file_sha256(lora),
+        }
     write_atomically(
         os.path.join(temporary, STATE_FILE),
         json.dumps(state, indent=1).encode("utf-8"),

@@ -69,6 +69,9 @@ class RunConfig:
     compilation_cache: str = "auto"
     verify_data: bool = True
     verbose: int = 1
+    initial_preset: str = None
+    lora_rank: int = None
+    train_tables: bool = False
 
     @property
     def chunks(self):
@@ -128,7 +131,7 @@ class RunConfig:
                 "--validation-fraction must be between 0 and 1 (exclusive), "
                 f"got {self.validation_fraction!r}"
             )
-        for name in ("calibrate", "verify_data"):
+        for name in ("calibrate", "verify_data", "train_tables"):
             value = getattr(self, name)
             if not isinstance(value, (bool, np.bool_)):
                 problems.append(f"{name} must be True or False, got {value!r}")
@@ -152,12 +155,24 @@ class RunConfig:
             problems.append("--data is required: a prepared directory or text")
         if not self.output_dir:
             problems.append("--output is required")
+        if self.initial_preset is not None:
+            problems += self._check_initial_preset()
+        elif self.lora_rank is not None or self.train_tables is True:
+            problems.append(
+                "--lora-rank and --train-tables need a preset to fine-tune "
+                "(initial_preset)"
+            )
         try:
-            _, hashes = parse_architecture(self.architecture)
+            if self.initial_preset is None:
+                _, hashes = parse_architecture(self.architecture)
         except ValueError as error:
             problems.append(str(error).rstrip("."))
         else:
-            if self.model == "mhf" and hashes is None:
+            if (
+                self.initial_preset is None
+                and self.model == "mhf"
+                and hashes is None
+            ):
                 problems.append(
                     f"--architecture {self.architecture} has no hash part; "
                     "an MHF model needs '<trunk>_h<H>b<B>' (e.g. tiny_h3b512)"
@@ -189,6 +204,44 @@ class RunConfig:
                 f"warmup is shortened to {self.steps - 1} steps.",
                 stacklevel=2,
             )
+
+    def _check_initial_preset(self):
+        """A run from a preset: the preset decides the model, its
+        architecture and its tokenizer (`keras_mhf.pretraining.presets`);
+        returns the problems found."""
+        from keras_mhf.pretraining.presets import preset_kind
+        from keras_mhf.pretraining.presets import preset_tokenizer
+
+        problems = []
+        rank = self.lora_rank
+        if rank is not None and (not _is_int(rank) or rank < 1):
+            problems.append(
+                f"--lora-rank must be an integer >= 1, got {rank!r}"
+            )
+        if self.train_tables is True and rank is None:
+            problems.append("--train-tables applies to LoRA (--lora-rank)")
+        if self.extra_layers:
+            problems.append("--extra-layers does not apply to a preset")
+        try:
+            self.model = preset_kind(self.initial_preset)
+            tokenizer = preset_tokenizer(self.initial_preset)
+        except RunConfigError as error:
+            return problems + [str(error).rstrip(".")]
+        self.architecture = "preset"
+        if self.tokenizer is None:
+            self.tokenizer = tokenizer
+        elif os.path.abspath(self.tokenizer) != os.path.abspath(tokenizer):
+            from keras_mhf.pretraining.files import file_sha256
+
+            if not os.path.isfile(self.tokenizer) or file_sha256(
+                self.tokenizer
+            ) != file_sha256(tokenizer):
+                problems.append(
+                    f"--tokenizer {self.tokenizer} is not the preset's "
+                    f"tokenizer ({tokenizer}); leave it out to use the "
+                    "preset's"
+                )
+        return problems
 
 
 def _flag(name):
@@ -332,6 +385,10 @@ def backbone_config(config):
     # {"num_layers": 2, "hidden_dim": 32, ..., "num_buckets": 64, ...}
     ```
     """
+    if config.initial_preset is not None:
+        from keras_mhf.pretraining.presets import preset_backbone_config
+
+        return preset_backbone_config(config.initial_preset)
     settings = architecture_config(config.architecture, config.extra_layers)
     if config.model == "standard":  # the hash part of the name is ignored
         _, hashes = parse_architecture(config.architecture)

@@ -32,7 +32,9 @@ from keras_mhf.pretraining.files import write_atomically
 from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row
 from keras_mhf.pretraining.validation import describe
+from keras_mhf.pretraining.validation import initial_validation
 from keras_mhf.pretraining.validation import validate_final_model
+from keras_mhf.pretraining.validation import validate_initial_model
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
 from keras_mhf.utils.disk_space import is_disk_full
@@ -89,6 +91,13 @@ def finish(config, lm, data, step):
     check_finite(config, lm, step, "preset or summary")
     results = validate_final_model(config, lm, data)
     summary.update(results)
+    if config.initial_preset is not None:  # fine-tuning: the preset's too
+        summary.update(
+            initial_preset=os.path.abspath(config.initial_preset),
+            lora_rank=config.lora_rank,
+            train_tables=bool(config.train_tables),
+            before=initial_validation(config),
+        )
     if config.verbose:
         print(describe(results))
     if not is_primary():
@@ -304,7 +313,12 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
     with contextlib.ExitStack() as stack:
         if is_primary():  # only process 0 writes
             stack.enter_context(
-                output_lock(config.output_dir, "a pre-training run")
+                output_lock(
+                    config.output_dir,
+                    "a fine-tuning run"
+                    if config.initial_preset is not None
+                    else "a pre-training run",
+                )
             )
         stack.enter_context(_terminate_as_exit())
         try:
@@ -337,6 +351,7 @@ def _run(config, stop_after_chunks):
         record_run(config, run_data)
         lm = training.build_run_model(config, run_data.tokenizer)
         step = resume(config, lm, run_data)
+        validate_initial_model(config, lm, run_data, step)  # a preset's
         started = time.time()
         chunks = 0
         while step < config.steps:

@@ -21,6 +21,7 @@ from keras_mhf.pretraining.checkpoints import non_finite_stop
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
+from keras_mhf.pretraining.presets import load_initial_model
 
 
 def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):
@@ -129,7 +130,9 @@ def data_order(num_blocks, total_samples, seed):
 
 
 def build_run_model(config, tokenizer):
-    """Step "model": the seeded model, compiled with the run's optimizer.
+    """Step "model": the seeded model, compiled with the run's optimizer: a
+    new one, or for a run with `config.initial_preset` the preset's, with
+    LoRA of rank `config.lora_rank` (`keras_mhf.pretraining.presets`).
 
     Example:
 
@@ -138,14 +141,17 @@ def build_run_model(config, tokenizer):
     ```
     """
     keras.utils.set_random_seed(config.seed)
-    lm = build_model(
-        config.model,
-        tokenizer,
-        config.architecture,
-        config.sequence_length,
-        config.extra_layers,
-        config.signature_rule,
-    )
+    if config.initial_preset is not None:  # fine-tuning (LoRA or full)
+        lm = load_initial_model(config)
+    else:
+        lm = build_model(
+            config.model,
+            tokenizer,
+            config.architecture,
+            config.sequence_length,
+            config.extra_layers,
+            config.signature_rule,
+        )
     optimizer = make_optimizer(
         config.learning_rate,
         config.steps,

@@ -14,15 +14,22 @@ MHF run and an MHF run without calibration (`calibrate=False`) of the same
 settings are compared on identical text.
 """
 
+import json
+import os
 import warnings
 
 from keras_mhf.calibration import MIN_TOKENS
 from keras_mhf.evaluation import perplexity
+from keras_mhf.pretraining.config import is_primary
+from keras_mhf.pretraining.files import write_atomically
 
 # Predicted positions of the temperature fit, at most (the first windows of
 # the fit half). The fit caches `tokens x V` float32 raw scores: 4096 tokens
 # of a 32,768-piece vocabulary are 0.5 GiB.
 CALIBRATION_MAX_TOKENS = 4096
+
+# A fine-tuning run's scores of its preset before the first step.
+INITIAL_VALIDATION = "before.json"
 
 
 def split_validation_windows(count):
@@ -184,3 +191,41 @@ def describe(results):
         f"{results['scoring_temperature']:.4g}); ECE {paper['ece']:.3f} -> "
         f"{validation['ece']:.3f}."
     )
+
+
+def validate_initial_model(config, lm, data, step):
+    """Scores the preset's model (`lm` before its first step: fresh
+    adapters change nothing) like the final model, calibration included,
+    and writes `OUTPUT/before.json` once; the model's scoring temperature is
+    restored afterwards. A no-op for runs without a preset, when the file
+    exists, and (with a warning) for a run resumed without one.
+    """
+    path = config.path(INITIAL_VALIDATION)
+    if config.initial_preset is None or os.path.exists(path):
+        return
+    if step > 0:
+        warnings.warn(
+            f"{path} is missing: the preset's scores before fine-tuning "
+            "cannot be computed from a resumed run (the summary will not "
+            "have them).",
+            stacklevel=2,
+        )
+        return
+    temperature = getattr(lm, "scoring_temperature", None)
+    results = validate_final_model(config, lm, data)
+    if temperature is not None:
+        lm.scoring_temperature = temperature
+    if config.verbose:
+        line = describe(results).replace("Final ", "", 1)
+        print("Before fine-tuning, " + line)
+    if is_primary():
+        write_atomically(path, json.dumps(results, indent=1).encode("utf-8"))
+
+
+def initial_validation(config):
+    """The contents of `OUTPUT/before.json`, or `None`."""
+    path = config.path(INITIAL_VALIDATION)
+    if config.initial_preset is None or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)

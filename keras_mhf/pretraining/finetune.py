@@ -1,0 +1,110 @@
+"""`finetune`: LoRA (or full) fine-tuning of an MHF or Standard preset, the
+engine behind `recipes/finetune.py`.
+
+It is `pretrain` started from a preset (`initial_preset`, see
+`keras_mhf.pretraining.presets`), with fine-tuning defaults, so a
+fine-tuning run has everything a pre-training run has: raw text prepared
+once into `OUTPUT/data/` with the preset's tokenizer (held-out documents for
+validation), windows drawn from `(seed, step)`, atomic checkpoints that a
+rerun resumes to the bit (for LoRA: the frozen base kernels, the adapters
+in `model.lora.h5` and the optimizer state), the lock, `run.json`,
+`summary.json` on every exit, and the final calibration. The summary's
+`before` holds the preset's scores on the same validation windows
+(calibrated on the same half), `validation` the fine-tuned model's.
+
+Outputs besides pretrain's: `before.json` and, for LoRA without trainable
+tables, `adapter.lora.h5` (the adapters alone: load them onto the preset
+with `backbone.load_lora_weights`). `preset/` is the fine-tuned model with
+the adapters merged, loadable without LoRA.
+"""
+
+import json
+import os
+
+from keras_mhf.pretraining.config import is_primary
+from keras_mhf.pretraining.files import write_atomically
+from keras_mhf.pretraining.run import pretrain
+
+# Fine-tuning defaults (pretrain's own are for training from scratch).
+FINETUNE_DEFAULTS = dict(
+    steps=100,
+    learning_rate=1e-3,
+    warmup_steps=10,
+    weight_decay=0.0,
+    checkpoint_every=25,
+    validation_fraction=0.1,
+)
+ADAPTER_FILE = "adapter.lora.h5"
+
+
+def finetune(
+    preset,
+    data,
+    output_dir,
+    lora_rank=8,
+    train_tables=False,
+    stop_after_chunks=None,
+    **settings,
+):
+    """Fine-tunes the model of `preset` on `data` with LoRA of rank
+    `lora_rank` (`None`: every weight trains).
+
+    Args:
+        preset: a KerasHub preset directory of an MHF or Standard model
+            (e.g. a pre-training run's `preset/`); it decides the model and
+            the tokenizer.
+        data: raw text (`.txt`, `.jsonl`, `.jsonl.gz`, directories, globs)
+            or a corpus prepared with the preset's tokenizer.
+        output_dir: checkpoints, logs, `summary.json`, `before.json`,
+            `preset/` (merged) and `adapter.lora.h5`.
+        lora_rank: adapters' rank (>= 1), or `None` for full fine-tuning.
+        train_tables: also train the hash tables (MHF) or the token
+            embedding (Standard), e.g. after `expand_vocabulary`.
+        stop_after_chunks: as in `pretrain` (tests).
+        **settings: the other fields of `RunConfig` (`steps`,
+            `learning_rate`, `batch_size`, `sequence_length`,
+            `validation_fraction`, ...); unset ones take
+            `FINETUNE_DEFAULTS`, then `RunConfig`'s.
+
+    Returns:
+        `(lm, summary)` as `pretrain` returns them, the summary with
+        `before`, `initial_preset`, `lora_rank`, `train_tables` and, when
+        written, `adapter`.
+
+    Raises:
+        RunConfigError: as `pretrain`, and for a preset that is not an MHF
+            or Standard preset, a quantized preset, or a rank < 1.
+
+    Example:
+
+    ```python
+    lm, summary = finetune("runs/mhf/preset", "notes.jsonl", "runs/ft",
+                           lora_rank=4, steps=50)
+    summary["before"]["validation"]["perplexity"]  # the preset's
+    summary["validation"]["perplexity"]  # after fine-tuning
+    ```
+    """
+    settings = {**FINETUNE_DEFAULTS, **settings}
+    lm, summary = pretrain(
+        data,
+        output_dir,
+        stop_after_chunks=stop_after_chunks,
+        initial_preset=preset,
+        lora_rank=lora_rank,
+        train_tables=train_tables,
+        **settings,
+    )
+    if summary.get("finished") and lora_rank and not train_tables:
+        if is_primary():
+            path = os.path.join(output_dir, ADAPTER_FILE)
+            temporary = os.path.join(
+                output_dir, f".tmp-{os.getpid()}-{ADAPTER_FILE}"
+            )
+            lm.backbone.save_lora_weights(temporary)
+            os.replace(temporary, path)
+            summary["adapter"] = os.path.abspath(path)
+            write_atomically(
+                os.path.join(output_dir, "summary.json"),
+                json.dumps(summary, indent=2).encode("utf-8"),
+            )
+    return lm, summary
