@@ -24,6 +24,9 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mhf.next_token_scorer import NextTokenScorer
+from keras_mhf.utils.progress import Progress
+
 MIN_TOKENS = 100
 ECE_BINS = 15
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
@@ -52,24 +55,34 @@ class _RawScores(keras.layers.Layer):
         )
 
 
-def raw_scores(causal_lm, blocks, batch_size=8):
+def raw_scores(causal_lm, blocks, batch_size=8, progress=None):
     """Raw scores and targets of `[n, L+1]` blocks: `(scores [n*L, V]
-    float32, targets [n*L] int)` (one compiled forward pass per batch)."""
+    float32, targets [n*L] int)` (one compiled forward pass per batch;
+    `progress` reports the blocks scored, `None`: the
+    `keras_mhf.utils.progress.show_progress` setting)."""
     blocks = np.asarray(blocks, "int32")
-    token_ids = keras.Input((None,), dtype="int32")
-    padding_mask = keras.Input((None,), dtype="int32")
-    hidden = causal_lm.backbone(
-        {"token_ids": token_ids, "padding_mask": padding_mask}
-    )
-    model = keras.Model(
-        [token_ids, padding_mask], _RawScores(causal_lm)(hidden)
-    )
+    # Built once per model, with its compiled scorers (a run scores raw
+    # sums at every checkpoint; `forget_scorers` drops it).
+    scorers = NextTokenScorer._cache.setdefault(causal_lm, {})
+    if "raw_scores" not in scorers:
+        token_ids = keras.Input((None,), dtype="int32")
+        padding_mask = keras.Input((None,), dtype="int32")
+        hidden = causal_lm.backbone(
+            {"token_ids": token_ids, "padding_mask": padding_mask}
+        )
+        scorers["raw_scores"] = keras.Model(
+            [token_ids, padding_mask], _RawScores(causal_lm)(hidden)
+        )
+    model = scorers["raw_scores"]
     scores = []
+    progress = Progress("calibration", len(blocks), "blocks", progress)
     for start in range(0, len(blocks), batch_size):
         batch = blocks[start : start + batch_size]
         out = model.predict_on_batch([batch, np.ones_like(batch)])
         out = np.asarray(ops.convert_to_numpy(out), "float32")
         scores.append(out.reshape(-1, out.shape[-1]))
+        progress.update(min(start + batch_size, len(blocks)))
+    progress.close()
     return np.concatenate(scores), blocks[:, 1:].reshape(-1)
 
 

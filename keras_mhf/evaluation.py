@@ -14,6 +14,7 @@ from keras import ops
 
 from keras_mhf.calibration import expected_calibration_error
 from keras_mhf.next_token_scorer import NextTokenScorer
+from keras_mhf.utils.progress import Progress
 
 
 def _log_softmax(x):
@@ -105,8 +106,16 @@ def paper_rule(model):
         model.scoring_temperature = temperature
 
 
-def perplexity(model, blocks, batch_size=8):
+def perplexity(model, blocks, batch_size=8, progress=None, label="perplexity"):
     """Perplexity over the real vocabulary of packed `[n, L+1]` blocks.
+
+    Args:
+        model: the causal LM.
+        blocks: int `[n, L+1]` token blocks.
+        batch_size: blocks per forward pass.
+        progress: report progress (`keras_mhf.utils.progress.Progress`;
+            `None`: the `show_progress` setting).
+        label: the progress line's label.
 
     Returns:
         dict with `perplexity`, `loss` (mean NLL per predicted token, nats),
@@ -116,21 +125,46 @@ def perplexity(model, blocks, batch_size=8):
         `scoring_temperature` and `paper_rule`: the same metrics under the
         paper's rule.
     """
-    return _perplexity(model, blocks, batch_size)[0]
+    return _perplexity(model, blocks, batch_size, progress, label)[0]
 
 
-def _perplexity(model, blocks, batch_size):
-    """`(perplexity metrics, per-token nll, per-token hits)`."""
-    nll, correct, confidence = block_scores(model, blocks, batch_size)
-    metrics = _metrics(nll, correct, confidence)
+def _perplexity(model, blocks, batch_size, progress=None, label="perplexity"):
+    """`(perplexity metrics, per-token nll [n, L], per-token hits)`."""
     temperature = getattr(model, "scoring_temperature", None)
-    if temperature is not None and temperature != 1.0:
+    two_rules = temperature is not None and temperature != 1.0
+    progress = Progress(
+        label, len(blocks) * (2 if two_rules else 1), "blocks", progress
+    )
+    nll, correct, confidence = _chunked_block_scores(
+        model, blocks, batch_size, progress
+    )
+    metrics = _metrics(nll, correct, confidence)
+    if two_rules:
         with paper_rule(model):
             metrics["paper_rule"] = _metrics(
-                *block_scores(model, blocks, batch_size)
+                *_chunked_block_scores(
+                    model, blocks, batch_size, progress, len(blocks)
+                )
             )
         metrics["scoring_temperature"] = temperature
+    progress.close()
     return metrics, nll, correct
+
+
+def _chunked_block_scores(model, blocks, batch_size, progress, done=0):
+    """`block_scores` a few batches at a time, reporting `progress` (the
+    batches, and so the numbers, are those of one call)."""
+    blocks = np.asarray(blocks, "int32")
+    chunk = 8 * batch_size
+    parts = []
+    for start in range(0, len(blocks), chunk):
+        parts.append(
+            block_scores(model, blocks[start : start + chunk], batch_size)
+        )
+        progress.update(done + min(start + chunk, len(blocks)))
+    if not parts:
+        return block_scores(model, blocks, batch_size)
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 # --- Task data --------------------------------------------------------------
@@ -177,7 +211,16 @@ def encode_pair(tokenizer, context, continuation):
     return bos + context_ids, whole[len(context_ids) :]
 
 
-def loglikelihoods(model, tokenizer, requests, batch_size=8, reference=False):
+def loglikelihoods(
+    model,
+    tokenizer,
+    requests,
+    batch_size=8,
+    reference=False,
+    progress=None,
+    label="loglikelihood",
+    unit="requests",
+):
     """lm-eval style log-likelihood requests.
 
     Args:
@@ -186,12 +229,16 @@ def loglikelihoods(model, tokenizer, requests, batch_size=8, reference=False):
         reference: score with `reference_next_token_scores` (the eager path
             evaluation used before the compiled scorer; for checks and
             `tools/benchmark_evaluation.py`).
+        progress: report progress (`keras_mhf.utils.progress.Progress`;
+            `None`: the `show_progress` setting).
+        label, unit: the progress line's label and unit.
 
     Returns:
         list of `(log_likelihood, is_greedy)`: the summed log-probability of
         the continuation's tokens given the context, and whether each of them
         is the argmax under teacher forcing.
     """
+    progress = Progress(label, len(requests), unit, progress)
     encoded = [encode_pair(tokenizer, c, x) for c, x in requests]
     results = [None] * len(encoded)
     order = sorted(
@@ -216,6 +263,8 @@ def loglikelihoods(model, tokenizer, requests, batch_size=8, reference=False):
                 float(log_probs[row, positions].sum()),
                 bool(np.all(is_argmax[row, positions])),
             )
+        progress.update(min(start + batch_size, len(order)))
+    progress.close()
     return results
 
 
@@ -249,12 +298,14 @@ def write_last_word_file(documents, path, count=100, max_words=60):
     return path
 
 
-def lambada(model, tokenizer, path, batch_size=8, limit=None):
+def lambada(model, tokenizer, path, batch_size=8, limit=None, progress=None):
     """LAMBADA in OpenAI's `lambada_test.jsonl` format (`{"text": ...}`).
 
     The target is the last space-separated word; accuracy counts examples
     whose every target token is the greedy choice, and perplexity is
     `exp(-mean log-likelihood of the target)`, as lm-eval's `lambada_openai`.
+    `progress` reports the passages scored (`None`: the `show_progress`
+    setting).
 
     Returns:
         `(metrics, per_example)`.
@@ -264,7 +315,15 @@ def lambada(model, tokenizer, path, batch_size=8, limit=None):
     for doc in docs:
         context, word = doc["text"].rsplit(" ", 1)
         requests.append((context, " " + word))
-    results = loglikelihoods(model, tokenizer, requests, batch_size)
+    results = loglikelihoods(
+        model,
+        tokenizer,
+        requests,
+        batch_size,
+        progress=progress,
+        label=f"lambada {path}",
+        unit="passages",
+    )
     lls = np.array([r[0] for r in results])
     examples = [
         {"context": c, "target": t, "loglikelihood": r[0], "correct": r[1]}
@@ -278,19 +337,30 @@ def lambada(model, tokenizer, path, batch_size=8, limit=None):
     return metrics, examples
 
 
-def multiple_choice(model, tokenizer, path, batch_size=8, limit=None):
+def multiple_choice(
+    model, tokenizer, path, batch_size=8, limit=None, progress=None
+):
     """Multiple choice in `{"query", "choices": [...], "gold": i}` JSONL.
 
     Each choice is scored as the continuation `" " + choice` of the query;
     `acc` takes the highest summed log-likelihood, `acc_norm` the highest
-    log-likelihood per character of the choice, like lm-eval.
+    log-likelihood per character of the choice, like lm-eval. `progress`
+    reports the choices scored (`None`: the `show_progress` setting).
 
     Returns:
         `(metrics, per_example)`.
     """
     docs = read_jsonl(path)[:limit]
     requests = [(d["query"], " " + c) for d in docs for c in d["choices"]]
-    results = loglikelihoods(model, tokenizer, requests, batch_size)
+    results = loglikelihoods(
+        model,
+        tokenizer,
+        requests,
+        batch_size,
+        progress=progress,
+        label=f"multiple choice {path}",
+        unit="choices",
+    )
     examples, acc, acc_norm, k = [], [], [], 0
     for d in docs:
         n = len(d["choices"])
@@ -493,9 +563,13 @@ def evaluate_preset(
     limit=None,
     batch_size=8,
     output=None,
+    progress=None,
 ):
     """Loads a MHF or Standard preset and runs the requested evaluations
     (the engine behind `recipes/evaluate.py`).
+
+    `progress` reports each long task's progress with an ETA on stderr
+    (`None`: the `keras_mhf.utils.progress.show_progress` setting).
 
     Results are keyed `"<task>:<path as given>"`, so two files with the same
     name in different folders stay apart. `output` gets one JSON line per
@@ -528,7 +602,9 @@ def evaluate_preset(
             tokenizer.start_token_id,
             sequence_length,
         )[:max_blocks]
-        metrics, nll, correct = _perplexity(model, blocks, batch_size)
+        metrics, nll, correct = _perplexity(
+            model, blocks, batch_size, progress, f"perplexity {path}"
+        )
         examples = [
             {
                 "block": i,
@@ -541,13 +617,17 @@ def evaluate_preset(
         record("perplexity", path, metrics, examples)
     for path in lambada_files:
         record(
-            "lambada", path, *lambada(model, tokenizer, path, batch_size, limit)
+            "lambada",
+            path,
+            *lambada(model, tokenizer, path, batch_size, limit, progress),
         )
     for path in multiple_choice_files:
         record(
             "multiple_choice",
             path,
-            *multiple_choice(model, tokenizer, path, batch_size, limit),
+            *multiple_choice(
+                model, tokenizer, path, batch_size, limit, progress
+            ),
         )
     for path in card660_files:
         record(

@@ -17,6 +17,12 @@ writes one JSON line per example (perplexity: one per block). The engine is
 
 import argparse
 import json
+import os
+
+# Before keras_mhf (and so TensorFlow) is imported: drops TensorFlow's
+# start-up lines that mean nothing on a CPU machine (see
+# keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
+os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 
 def parse_args(argv=None):
@@ -64,6 +70,11 @@ def parse_args(argv=None):
     p.add_argument(
         "--output", default=None, help="per-example results as JSON lines"
     )
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress lines (on stderr) for the long tasks",
+    )
     return p.parse_args(argv)
 
 
@@ -82,6 +93,7 @@ def main(argv=None):
         args.limit,
         args.batch_size,
         args.output,
+        progress=not args.no_progress,
     )
     print(json.dumps(results, indent=2))
     return results

@@ -44,6 +44,11 @@ import json
 import os
 import sys
 
+# Before keras_mhf (and so TensorFlow) is imported: drops TensorFlow's
+# start-up lines that mean nothing on a CPU machine (see
+# keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
+os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
+
 
 def parse_args(argv=None):
     return build_parser().parse_args(argv)

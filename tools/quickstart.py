@@ -15,6 +15,11 @@ import json
 import os
 import time
 
+# Before keras_mhf (and so TensorFlow) is imported: drops TensorFlow's
+# start-up lines that mean nothing on a CPU machine (see
+# keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
+os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -95,12 +100,15 @@ def main(argv=None):
     parser.add_argument("--prompt", default="The for statement")
     args = parser.parse_args(argv)
 
-    import keras
-
     from keras_mhf.data import read_documents
     from keras_mhf.evaluation import evaluate_preset
     from keras_mhf.evaluation import write_last_word_file
     from keras_mhf.pretraining import pretrain
+    from keras_mhf.pretraining.logs import plot_comparison
+    from keras_mhf.utils.progress import show_progress
+
+    show_progress()  # evaluation and calibration report progress
+    import keras  # after keras_mhf, which imports TensorFlow quietly
 
     started = time.time()
     os.makedirs(args.output, exist_ok=True)
@@ -153,6 +161,16 @@ def main(argv=None):
             learning_rate=2e-3,
             warmup_steps=max(args.steps // 10, 1),
         )
+
+    comparison = plot_comparison(
+        {
+            f"MHF {args.architecture} (calibrated)": runs["mhf"]["log"],
+            f"Standard {args.architecture.split('_')[0]}": runs["standard"][
+                "log"
+            ],
+        },
+        os.path.join(args.output, "comparison.png"),
+    )
 
     lm = models["mhf"]
     lm.compile(sampler="greedy")
@@ -211,6 +229,10 @@ def main(argv=None):
         ("Standard preset", runs["standard"]["preset"]),
         ("training logs", os.path.join(args.output, "*", "log.csv")),
         ("loss plots", os.path.join(args.output, "*", "loss.png")),
+        (
+            "validation perplexity, MHF vs Standard",
+            comparison or "(not drawn: needs matplotlib)",
+        ),
         (
             "evaluation (summary, per example)",
             os.path.join(args.output, "evaluation.json"),

@@ -22,6 +22,7 @@ from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.keras_utils import check_temperature
+from keras_mhf.utils.keras_utils import text_fit
 from keras_mhf.utils.token_ids import check_token_ids
 
 DECODINGS = ("candidates", "full")
@@ -408,7 +409,8 @@ class MultiHashFormerCausalLM(CausalLM):
         """
         self.check_tokenizer()
         x = causal_lm_inputs.checked_fit_inputs(self, x, y)
-        return super().fit(x, y, *args, **kwargs)
+        with text_fit(x, args, kwargs):  # KerasHub's text batching, quietly
+            return super().fit(x, y, *args, **kwargs)
 
     # --- Inference ----------------------------------------------------------
 

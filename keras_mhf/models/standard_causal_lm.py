@@ -10,6 +10,7 @@ from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.standard_backbone import StandardBackbone
+from keras_mhf.utils.keras_utils import text_fit
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -60,7 +61,8 @@ class StandardCausalLM(Qwen3CausalLM):
         ```
         """
         x = causal_lm_inputs.checked_fit_inputs(self, x, y)
-        return super().fit(x, y, *args, **kwargs)
+        with text_fit(x, args, kwargs):  # KerasHub's text batching, quietly
+            return super().fit(x, y, *args, **kwargs)
 
     def generate(
         self,

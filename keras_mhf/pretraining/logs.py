@@ -3,25 +3,45 @@
 `log.csv` gets one row per chunk of `checkpoint_every` steps (`LOG_FIELDS`);
 a resumed run first drops the rows of steps it will run again (`trim_log`).
 
-Columns: `step` (global optimizer step), `tokens` (training tokens seen so
-far), `train_loss` (the model's objective: for MHF the sum over heads of the
-bucket cross-entropies), `val_loss`, `val_perplexity` and `val_accuracy` (all
-validation windows, over the real vocabulary, under the paper's rule: the
-scoring temperature is 1.0 during training; the calibrated numbers of the
-final model are in `summary.json`), `learning_rate` and `seconds`.
+Columns:
+
+- `step` (global optimizer step), `tokens` (training tokens seen so far);
+- `train_loss`: the model's objective (for MHF the sum over heads of the
+  bucket cross-entropies, not comparable with a Standard model's loss);
+- `val_loss`, `val_perplexity`, `val_accuracy`: all validation windows, over
+  the real vocabulary, under the paper's rule (the scoring temperature is 1.0
+  during training);
+- `val_perplexity_reported`: the same rule on the reported windows only (the
+  second half, `keras_mhf.pretraining.validation.split_validation_windows`),
+  for every model: the Standard number to compare with MHF's calibrated one;
+- `val_perplexity_calibrated`, `scoring_temperature` (MHF runs that
+  calibrate; empty otherwise): a temperature fitted on the first half of the
+  windows and the perplexity it gives on the reported half, as the final
+  validation computes them (`validate_final_model`); the model is not
+  changed (its temperature stays 1.0 during training);
+- `learning_rate` and `seconds`.
 """
 
 import csv
 import io
+import math
 import os
 import time
 
 import keras
+import numpy as np
 
+from keras_mhf.calibration import MIN_TOKENS
+from keras_mhf.calibration import fit_temperature
+from keras_mhf.calibration import held_out_blocks
+from keras_mhf.calibration import metrics_at
+from keras_mhf.calibration import raw_scores
+from keras_mhf.evaluation import _perplexity
 from keras_mhf.evaluation import paper_rule
-from keras_mhf.evaluation import perplexity
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.files import write_atomically
+from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
+from keras_mhf.pretraining.validation import split_validation_windows
 
 LOG_FIELDS = [
     "step",
@@ -32,15 +52,61 @@ LOG_FIELDS = [
     "val_accuracy",
     "learning_rate",
     "seconds",
+    "val_perplexity_reported",
+    "val_perplexity_calibrated",
+    "scoring_temperature",
 ]
+
+
+def calibrated_validation(config, lm, blocks):
+    """The scoring temperature fitted on the fit half of the validation
+    `blocks` and the metrics it gives on the reported half (the split of
+    `validate_final_model`), without changing `lm`.
+
+    One forward pass over the fit windows (at most `CALIBRATION_MAX_TOKENS`
+    predicted positions, as the final calibration) and the reported windows
+    (`keras_mhf.calibration.raw_scores`), then the exact fit
+    (`fit_temperature`) and `metrics_at` on the cached scores.
+
+    Returns:
+        `(temperature, metrics)`, or `None` for Standard runs, runs with
+        `calibrate=False`, and fit halves shorter than
+        `keras_mhf.calibration.MIN_TOKENS` predicted tokens (the final
+        validation warns about those).
+
+    Example:
+
+    ```python
+    tau, metrics = calibrated_validation(config, lm, data.validation_blocks)
+    ```
+    """
+    if config.model != "mhf" or not config.calibrate:
+        return None
+    blocks = np.asarray(blocks)
+    (fit_start, fit_end), (start, end) = split_validation_windows(len(blocks))
+    if (fit_end - fit_start) * (blocks.shape[1] - 1) < MIN_TOKENS:
+        return None
+    fit = held_out_blocks(
+        lm, blocks[fit_start:fit_end], max_tokens=CALIBRATION_MAX_TOKENS
+    )
+    scores, targets = raw_scores(
+        lm,
+        np.concatenate([fit, blocks[start:end]]),
+        config.batch_size,
+        progress=False,
+    )
+    fitted = fit.shape[0] * (fit.shape[1] - 1)
+    tau = fit_temperature(scores[:fitted], targets[:fitted])
+    return tau, metrics_at(scores[fitted:], targets[fitted:], tau)
 
 
 def write_log_row(config, lm, data, history, step, started):
     """Step "log": scores the validation windows (perplexity over the real
     vocabulary, `keras_mhf.evaluation.perplexity`, under the paper's rule:
-    scoring temperature 1.0) and appends a row to `log.csv` (`step`,
-    `tokens`: training tokens seen so far, losses, learning rate, seconds;
-    see the module docstring); returns the row.
+    scoring temperature 1.0), calibrates an MHF model's temperature on
+    their first half (`calibrated_validation`: nothing of the model
+    changes) and appends a row to `log.csv` (see the module docstring);
+    returns the row.
 
     Example:
 
@@ -48,8 +114,13 @@ def write_log_row(config, lm, data, history, step, started):
     row = write_log_row(config, lm, data, history, 150, time.time())
     ```
     """
+    blocks = data.validation_blocks
     with paper_rule(lm):  # the temperature is 1.0 in training anyway
-        metrics = perplexity(lm, data.validation_blocks, config.batch_size)
+        metrics, nll, _ = _perplexity(
+            lm, blocks, config.batch_size, progress=False
+        )
+        calibrated = calibrated_validation(config, lm, blocks)
+    _, (start, end) = split_validation_windows(len(blocks))
     row = {
         "step": step,
         "tokens": step * config.batch_size * config.sequence_length,
@@ -61,7 +132,13 @@ def write_log_row(config, lm, data, history, step, started):
             keras.ops.convert_to_numpy(lm.optimizer.learning_rate)
         ),
         "seconds": round(time.time() - started, 1),
+        "val_perplexity_reported": float(np.exp(nll[start:end].mean())),
+        "val_perplexity_calibrated": "",
+        "scoring_temperature": "",
     }
+    if calibrated is not None:
+        row["scoring_temperature"] = calibrated[0]
+        row["val_perplexity_calibrated"] = calibrated[1]["perplexity"]
     if is_primary():
         log_path = config.path("log.csv")
         new_file = not os.path.exists(log_path)
@@ -73,11 +150,45 @@ def write_log_row(config, lm, data, history, step, started):
                 writer.writeheader()
             writer.writerow(row)
     if config.verbose:
-        print(
-            f"step {step}: train loss {row['train_loss']:.3f}, validation "
-            f"perplexity {row['val_perplexity']:.2f} (over the real vocabulary)"
-        )
+        print(describe_row(config, row, (start, end)))
     return row
+
+
+def describe_row(config, row, reported):
+    """The line a run prints after each chunk: the training objective and
+    the validation perplexity over the real vocabulary on the reported
+    windows, calibrated for MHF (with the paper's rule beside it), so that
+    MHF and Standard runs print numbers that compare.
+
+    Example:
+
+    ```python
+    print(describe_row(config, row, (20, 40)))
+    ```
+    """
+    start, end = reported
+    where = f"validation windows {start}..{end - 1}"
+    if config.model != "mhf":
+        return (
+            f"step {row['step']}: train loss {row['train_loss']:.3f}, "
+            f"{where}: perplexity {row['val_perplexity_reported']:.2f}"
+        )
+    head = (
+        f"step {row['step']}: train loss {row['train_loss']:.3f} (sum over "
+        "heads)"
+    )
+    if row["val_perplexity_calibrated"] == "":
+        return (
+            f"{head}, {where}: perplexity "
+            f"{row['val_perplexity_reported']:,.2f} under the paper's rule "
+            "(not calibrated)"
+        )
+    return (
+        f"{head}, {where}: perplexity {row['val_perplexity_calibrated']:.2f} "
+        f"calibrated (scoring temperature {row['scoring_temperature']:.3g} "
+        f"fitted on windows 0..{start - 1}), "
+        f"{row['val_perplexity_reported']:,.2f} under the paper's rule"
+    )
 
 
 def trim_log(config, step):
@@ -89,21 +200,54 @@ def trim_log(config, step):
     with open(log_path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
     text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=LOG_FIELDS, lineterminator="\n")
+    writer = csv.DictWriter(
+        text, fieldnames=LOG_FIELDS, lineterminator="\n", extrasaction="ignore"
+    )
     writer.writeheader()
     writer.writerows(rows)
     write_atomically(log_path, text.getvalue().encode("utf-8"))
 
 
-def plot_log(log_path, png_path):
-    """Train/validation loss against tokens, as a PNG (needs matplotlib).
+def read_log(log_path):
+    """The rows of a `log.csv` as dicts of floats (`None` for an empty
+    cell: a column a Standard run leaves empty, or one that an older log
+    lacks); `[]` when the file does not exist.
 
     Example:
 
     ```python
-    plot_log("runs/mhf/log.csv", "runs/mhf/loss.png")
+    rows = read_log("runs/mhf/log.csv")
+    [r["val_perplexity_calibrated"] for r in rows]
     ```
     """
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def number(value):
+        return float(value) if value not in (None, "") else None
+
+    return [
+        {name: number(row.get(name)) for name in LOG_FIELDS} for row in rows
+    ]
+
+
+def comparable_perplexity(row):
+    """A row's validation perplexity that compares across models: MHF's
+    calibrated one, or the reported windows' under the model's one rule
+    (`val_perplexity` for logs written before that column existed)."""
+    for name in (
+        "val_perplexity_calibrated",
+        "val_perplexity_reported",
+        "val_perplexity",
+    ):
+        if row.get(name) is not None and math.isfinite(row[name]):
+            return row[name]
+    return None
+
+
+def _pyplot():
     try:
         import matplotlib
 
@@ -111,28 +255,92 @@ def plot_log(log_path, png_path):
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    if not os.path.exists(log_path):
+    return plt
+
+
+def plot_log(log_path, png_path):
+    """A run's curves against training tokens, as a PNG (needs
+    matplotlib): the training objective on its own axis (for MHF the sum
+    over heads, which no Standard number compares with), and validation
+    perplexity over the real vocabulary on a log axis: MHF calibrated and
+    under the paper's rule, Standard under its one rule (reported windows).
+
+    Example:
+
+    ```python
+    plot_log("runs/mhf/log.csv", "runs/mhf/loss.png")
+    ```
+    """
+    plt = _pyplot()
+    rows = read_log(log_path)
+    if plt is None or not rows:
         return None
-    with open(log_path) as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
+    tokens = [r["tokens"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(tokens, [r["train_loss"] for r in rows], "o-")
+    left.set_title("training objective (MHF: sum over heads)")
+    left.set_xlabel("training tokens")
+    left.set_ylabel("nats")
+    curves = [
+        ("val_perplexity_calibrated", "calibrated (reported windows)", "s-"),
+        ("val_perplexity_reported", "one rule / paper's rule (reported)", "o-"),
+    ]
+    if all(r["val_perplexity_reported"] is None for r in rows):
+        curves = [("val_perplexity", "paper's rule (all windows)", "o-")]
+    for name, label, style in curves:
+        values = [r[name] for r in rows]
+        if any(v is not None for v in values):
+            right.plot(tokens, values, style, label=label)
+    right.set_yscale("log")
+    right.set_title("validation perplexity (real vocabulary)")
+    right.set_xlabel("training tokens")
+    right.legend()
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+    return png_path
+
+
+def plot_comparison(logs, png_path):
+    """Validation perplexity of several runs against training tokens on one
+    log axis, as a PNG (needs matplotlib): each run's `comparable_perplexity`
+    (MHF calibrated, Standard under its one rule, both on the reported
+    windows, so runs on the same validation windows compare).
+
+    Args:
+        logs: `{label: path to log.csv}`.
+        png_path: the PNG to write.
+
+    Returns:
+        `png_path`, or `None` without matplotlib or rows.
+
+    Example:
+
+    ```python
+    plot_comparison(
+        {"mhf": "runs/mhf/log.csv", "standard": "runs/std/log.csv"},
+        "runs/comparison.png",
+    )
+    ```
+    """
+    plt = _pyplot()
+    runs = {label: read_log(path) for label, path in logs.items()}
+    if plt is None or not any(runs.values()):
         return None
-    tokens = [int(r["tokens"]) for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(
-        tokens,
-        [float(r["train_loss"]) for r in rows],
-        "o-",
-        label="train loss (model objective)",
-    )
-    ax.plot(
-        tokens,
-        [float(r["val_loss"]) for r in rows],
-        "s-",
-        label="validation NLL per token",
-    )
+    for label, rows in runs.items():
+        ax.plot(
+            [r["tokens"] for r in rows],
+            [comparable_perplexity(r) for r in rows],
+            "o-",
+            label=label,
+        )
+    ax.set_yscale("log")
     ax.set_xlabel("training tokens")
-    ax.set_ylabel("nats")
+    ax.set_ylabel("validation perplexity (real vocabulary)")
+    ax.set_title("MHF calibrated vs Standard, same windows")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -1,5 +1,8 @@
 """Small helpers shared by the layers and models (keras.ops only)."""
 
+import contextlib
+import logging
+
 import keras
 import numpy as np
 
@@ -132,3 +135,65 @@ def check_temperature(value):
             "the paper's rule; `calibrate` fits a value on held-out text."
         )
     return value
+
+
+class _DropGrainReadAheadWarning(logging.Filter):
+    """Drops Grain's `prefetch_buffer_size=8 is smaller than num_threads=16`
+    warning: KerasHub's `fit` on text builds those `grain.ReadOptions`
+    itself, so nothing a caller passes can change it."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        return not (
+            message.startswith("prefetch_buffer_size=")
+            and "is smaller than num_threads=" in message
+        )
+
+
+def _is_text_list(x):
+    """A list, tuple or array of strings (what KerasHub batches itself)."""
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in ("U", "S", "O")
+    return isinstance(x, (list, tuple)) and all(
+        isinstance(entry, (str, bytes)) for entry in x
+    )
+
+
+@contextlib.contextmanager
+def text_fit(x, args, kwargs):
+    """Around a KerasHub task's `fit` on in-memory text: states the order
+    the data really has and keeps KerasHub's own Grain options quiet.
+
+    KerasHub 0.32 batches a list of strings into an ordered Grain dataset,
+    and Keras ignores `shuffle` for a dataset (warning that it does, on
+    every call, since `shuffle=True` is `fit`'s default). When the caller
+    did not pass `shuffle`, `shuffle=False` is set in `kwargs` (the training
+    is the same; shuffle the list first to train in another order); a
+    `shuffle=True` the caller passed still warns, as it should. Grain's
+    warning about the read-ahead buffer KerasHub chose is dropped while the
+    block runs.
+
+    Args:
+        x: `fit`'s `x`.
+        args: `fit`'s positional arguments after `x` and `y`.
+        kwargs: `fit`'s keyword arguments (changed in place).
+
+    Example:
+
+    ```python
+    with text_fit(x, args, kwargs):
+        history = super().fit(x, y, *args, **kwargs)
+    ```
+    """
+    if not _is_text_list(x):
+        yield
+        return
+    if len(args) < 7:  # `shuffle` is fit's 9th parameter (x, y, ...)
+        kwargs.setdefault("shuffle", False)
+    absl_logger = logging.getLogger("absl")
+    quiet = _DropGrainReadAheadWarning()
+    absl_logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        absl_logger.removeFilter(quiet)
