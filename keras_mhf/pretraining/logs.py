@@ -14,11 +14,12 @@ Columns:
 - `val_perplexity_reported`: the same rule on the reported windows only (the
   second half, `keras_mhf.pretraining.validation.split_validation_windows`),
   for every model: the Standard number to compare with MHF's calibrated one;
-- `val_perplexity_calibrated`, `scoring_temperature` (MHF runs that
-  calibrate; empty otherwise): a temperature fitted on the first half of the
-  windows and the perplexity it gives on the reported half, as the final
-  validation computes them (`validate_final_model`); the model is not
-  changed (its temperature stays 1.0 during training);
+- `val_perplexity_calibrated`, `scoring_temperature` (MHF; empty for
+  Standard): a temperature fitted on the first half of the windows and the
+  perplexity it gives on the reported half, as the final validation
+  computes them (`validate_final_model`); the model is not changed (its
+  temperature stays 1.0 during training), so a `calibrate=False` run logs
+  the same numbers;
 - `learning_rate` and `seconds`.
 """
 
@@ -69,8 +70,8 @@ def calibrated_validation(config, lm, blocks):
     (`fit_temperature`) and `metrics_at` on the cached scores.
 
     Returns:
-        `(temperature, metrics)`, or `None` for Standard runs, runs with
-        `calibrate=False`, and fit halves shorter than
+        `(temperature, metrics)`, or `None` for Standard runs and fit
+        halves shorter than
         `keras_mhf.calibration.MIN_TOKENS` predicted tokens (the final
         validation warns about those).
 
@@ -80,7 +81,7 @@ def calibrated_validation(config, lm, blocks):
     tau, metrics = calibrated_validation(config, lm, data.validation_blocks)
     ```
     """
-    if config.model != "mhf" or not config.calibrate:
+    if config.model != "mhf":
         return None
     blocks = np.asarray(blocks)
     (fit_start, fit_end), (start, end) = split_validation_windows(len(blocks))
