@@ -80,6 +80,17 @@ def _reset_dtype_policy():
     keras.config.set_dtype_policy("float32")
 
 
+@pytest.fixture(autouse=True)
+def _reset_progress():
+    """Recipes run in-process turn progress reporting on for the process
+    (`show_progress`); every test starts from the library default."""
+    from keras_mhf.utils.progress import show_progress
+
+    show_progress(False)
+    yield
+    show_progress(False)
+
+
 CORPUS = [
     "The cell is the basic unit of life and every organism is made of cells.",
     "Energy is conserved in a closed system, so work and heat balance out.",
