@@ -4,7 +4,6 @@ from keras import ops
 from keras_hub.models import CausalLM
 from keras_hub.models import Qwen3CausalLM
 
-from keras_mhf import calibration
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models import authors_checkpoint
 from keras_mhf.models import causal_lm_inputs
@@ -15,8 +14,6 @@ from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.preset_consistency import check_preset_consistency
-from keras_mhf.next_token_scorer import forget_scorers
-from keras_mhf.next_token_scorer import target_losses
 from keras_mhf.utils.keras_utils import TASK_KWARGS
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
@@ -171,6 +168,8 @@ class MultiHashFormerCausalLM(CausalLM):
         self._scoring_temperature = check_temperature(value)
         # Compiled functions captured the old value.
         self.generate_function = None
+        from keras_mhf.next_token_scorer import forget_scorers
+
         forget_scorers(self)
 
     # --- Construction -------------------------------------------------------
@@ -318,6 +317,8 @@ class MultiHashFormerCausalLM(CausalLM):
         )
         self.backbone.quantize_hash_tables(mode, config=config, filters=filters)
         self.generate_function = None
+        from keras_mhf.next_token_scorer import forget_scorers
+
         forget_scorers(self)
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and optimizer.built:
@@ -623,6 +624,8 @@ class MultiHashFormerCausalLM(CausalLM):
         if padding_mask is None:
             padding_mask = ops.ones(ops.shape(token_ids)[:2], dtype="int32")
         if scoring_mode == "loss" and layer_intercept_fn is None:
+            from keras_mhf.next_token_scorer import target_losses
+
             # Compiled once per model and shape (the eager vocabulary scan
             # would be traced again on every call).
             return ops.convert_to_tensor(
@@ -732,6 +735,8 @@ class MultiHashFormerCausalLM(CausalLM):
         report["temperature"], report["after"]["perplexity"]
         ```
         """
+        from keras_mhf import calibration
+
         report = calibration.calibrate(
             self, data, batch_size, sequence_length, max_tokens
         )
