@@ -632,57 +632,25 @@ def _header(
 
 def _prepare_locked(output_dir, job):
     """`prepare_data` in `output_dir`, under its lock."""
-    header, on_error, progress = job.header, job.on_error, job.progress
-    _stop_after_shards = job.stop_after_shards
-    report = _Progress(progress, 0, 0)
+    report = _Progress(job.progress, 0, 0)
     state_path = os.path.join(output_dir, STATE_FILE)
     if os.path.exists(os.path.join(output_dir, INDEX_FILE)):
-        index = read_index(output_dir)
-        _check_same(output_dir, index, header, "a prepared corpus")
-        if os.path.exists(state_path):
-            os.remove(state_path)  # left over if killed right after the index
-        sys.stderr.write(
-            f"{output_dir} already holds this prepared corpus "
-            f"({INDEX_FILE} is complete); nothing to do.\n"
-        )
-        return index
-    if os.path.exists(state_path):
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
-        _check_same(output_dir, state, header, "an unfinished prepare_data run")
-        state["on_error"] = on_error
-        report.message(
-            f"prepare_data: resuming the unfinished run in {output_dir}."
-        )
-    else:
-        if set(os.listdir(output_dir)) - {LOCK_FILE}:
-            raise ValueError(
-                f"{output_dir} is not empty and holds no prepare_data run; "
-                "choose a new or empty output directory."
-            )
-        empty = {"shards": [], "pending_tokens": 0, "pending_documents": 0}
-        state = dict(header)
-        state["position"] = {"source": 0, "read": list(ReadPosition())}
-        state["skipped_before_source"] = 0
-        state["splits"] = {split: dict(empty) for split in SPLITS}
-        _write_json(state_path, state)
-
+        return _already_prepared(output_dir, job, state_path)
+    state = _start_or_resume(output_dir, job, state_path, report)
     stop = {"completed": 0}
 
     def on_complete():
         stop["completed"] += 1
-        if (
-            _stop_after_shards is not None
-            and stop["completed"] >= _stop_after_shards
-        ):
+        limit = job.stop_after_shards
+        if limit is not None and stop["completed"] >= limit:
             raise _Interrupted()
 
     writers = {
         split: _ShardWriter(
             output_dir,
             split,
-            np.dtype(header["dtype"]),
-            header["shard_tokens"],
+            np.dtype(job.header["dtype"]),
+            job.header["shard_tokens"],
             state["splits"][split],
             on_complete,
         )
@@ -699,14 +667,61 @@ def _prepare_locked(output_dir, job):
             job.validation_files,
             job.validation_fraction,
             job.workers,
-            on_error,
-            progress,
+            job.on_error,
+            job.progress,
         )
     except _Interrupted:
         return None
     finally:
         for writer in writers.values():
             writer.close()
+    return _write_index(output_dir, job, state, state_path, writers, totals)
+
+
+def _already_prepared(output_dir, job, state_path):
+    """The index of a complete preparation of the same inputs."""
+    index = read_index(output_dir)
+    _check_same(output_dir, index, job.header, "a prepared corpus")
+    if os.path.exists(state_path):
+        os.remove(state_path)  # left over if killed right after the index
+    sys.stderr.write(
+        f"{output_dir} already holds this prepared corpus "
+        f"({INDEX_FILE} is complete); nothing to do.\n"
+    )
+    return index
+
+
+def _start_or_resume(output_dir, job, state_path, report):
+    """The checkpointed state of an unfinished run of the same inputs, or a
+    new one (written) for an empty directory."""
+    if os.path.exists(state_path):
+        with open(state_path, encoding="utf-8") as f:
+            state = json.load(f)
+        _check_same(
+            output_dir, state, job.header, "an unfinished prepare_data run"
+        )
+        state["on_error"] = job.on_error
+        report.message(
+            f"prepare_data: resuming the unfinished run in {output_dir}."
+        )
+        return state
+    if set(os.listdir(output_dir)) - {LOCK_FILE}:
+        raise ValueError(
+            f"{output_dir} is not empty and holds no prepare_data run; "
+            "choose a new or empty output directory."
+        )
+    empty = {"shards": [], "pending_tokens": 0, "pending_documents": 0}
+    state = dict(job.header)
+    state["position"] = {"source": 0, "read": list(ReadPosition())}
+    state["skipped_before_source"] = 0
+    state["splits"] = {split: dict(empty) for split in SPLITS}
+    _write_json(state_path, state)
+    return state
+
+
+def _write_index(output_dir, job, state, state_path, writers, totals):
+    """Writes `index.json` (last) for a complete run, or removes the run's
+    files and raises when a split came out empty."""
     skipped = state["skipped_before_source"]
     if not all(totals[split]["documents"] for split in SPLITS):
         error = _split_sizes_error(
@@ -718,7 +733,7 @@ def _prepare_locked(output_dir, job):
         # The lock's release removes the directory if it created it and
         # nothing else is left in it.
         raise error
-    index = dict(header)
+    index = dict(job.header)
     index["complete"] = True
     index["created"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"
@@ -727,7 +742,7 @@ def _prepare_locked(output_dir, job):
     index["splits"] = totals
     _write_json(os.path.join(output_dir, INDEX_FILE), index)
     os.remove(state_path)
-    report.message(
+    _Progress(job.progress, 0, 0).message(
         f"prepare_data: wrote {totals['train']['tokens']:,} training and "
         f"{totals['validation']['tokens']:,} validation tokens to {output_dir}"
         + (f" ({skipped} bad lines skipped)" if skipped else "")
