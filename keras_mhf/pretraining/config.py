@@ -32,7 +32,41 @@ def _is_int(value):
 
 @dataclasses.dataclass
 class RunConfig:
-    """The settings of one pre-training run (see `pretrain` for each).
+    """The settings of one pre-training run (`keras_mhf.pretraining.pretrain`
+    takes them as keyword arguments):
+
+    `tokenizer` (path to a SentencePiece `.model`; if `None`: for raw
+    text, one with `vocabulary_size` pieces is trained on at most
+    the first `TOKENIZER_SAMPLE_DOCUMENTS` training documents /
+    `TOKENIZER_SAMPLE_CHARACTERS` characters; for a prepared
+    directory, the tokenizer file recorded in its `index.json`),
+    `model` (`"mhf"` or `"standard"`), `architecture` (e.g.
+    `"mini_h4b1024"`), `extra_layers` (Standard+kL),
+    `signature_rule` (`"unique"`, `"reference"`, or `"repeated"` for
+    the single-ID ablation), `sequence_length`, `batch_size`
+    (global, over all devices and processes), `steps` (optimizer
+    steps), `learning_rate` (peak), `warmup_steps`, `weight_decay`
+    (not on norms and biases), `validation_data` (raw text only:
+    held-out text; if `None`, the documents whose
+    `keras_mhf.data.validation_score` is below
+    `validation_fraction`), `validation_blocks` (this many held-out
+    windows are scored at every checkpoint), `calibrate` (MHF: fit
+    the scoring temperature on the first half of those windows at
+    the end and report the second half; default `True`; the Standard
+    baseline is never calibrated), `checkpoint_every`
+    (steps per chunk: validation, log line and checkpoint after each),
+    `workers` (tokenizer processes when preparing raw text; default
+    every core), `mixed_precision` (`mixed_bfloat16` for this run),
+    `seed` (seeds the weights and the training windows), `distribution`
+    (`None`, `"data"` or `"model"`: all devices with
+    `keras.distribution`, JAX only; other backends are refused),
+    `mesh` (`(batch, model)` sizes or `"2x4"`),
+    `compilation_cache` (JAX: where compiled programs are kept so
+    that a resumed run starts training within seconds; `"auto"`:
+    `output_dir/compilation_cache`; `None` or `"none"`: off),
+    `verify_data` (re-hash every shard of the prepared corpus
+    against its `index.json` and check its token ids when the run
+    starts or resumes; default `True`) and `verbose`.
 
     Example:
 
