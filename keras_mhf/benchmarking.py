@@ -5,9 +5,11 @@ tokenizer's), and the analytic FLOPs per token of either."""
 
 import keras
 
-from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
-from keras_mhf.models.standard_causal_lm import StandardCausalLM
-from keras_mhf.models.standard_causal_lm import standard_backbone
+from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
+    MultiHashFormerCausalLM,
+)
+from keras_mhf.models.standard.standard_causal_lm import StandardCausalLM
+from keras_mhf.models.standard.standard_causal_lm import standard_backbone
 
 
 def trunk_kwargs(hidden_dim, num_layers):

@@ -64,10 +64,12 @@ def make_distribution(kind, mesh=None, devices=None, config=None):
             way a warning names the replicated dimensions.
     """
     check_backend()
-    from keras_mhf.models.multi_hash_former_backbone import (
+    from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
         MultiHashFormerBackbone,
     )
-    from keras_mhf.models.multi_hash_former_layout import check_layout_map
+    from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
+        check_layout_map,
+    )
 
     devices = devices or keras.distribution.list_devices()
     if kind not in KINDS:

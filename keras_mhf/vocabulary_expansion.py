@@ -124,7 +124,7 @@ def expand_standard_vocabulary(model, new_tokenizer):
     """
     import sentencepiece as spm
 
-    from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
+    from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
         MultiHashFormerCausalLMPreprocessor,
     )
 

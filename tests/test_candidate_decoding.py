@@ -12,7 +12,9 @@ from keras_mhf import SignatureTable
 from keras_mhf.layers import SignatureLookup
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerTokenizer
-from keras_mhf.models import multi_hash_former_decoding as decoding
+from keras_mhf.models.multi_hash_former import (
+    multi_hash_former_inference as decoding,
+)
 from tests.conftest import small_proto_bytes
 
 PROMPTS = [

@@ -7,7 +7,9 @@ import pytest
 
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import architecture_config
-from keras_mhf.models.multi_hash_former_layout import weight_shapes
+from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
+    weight_shapes,
+)
 
 FITTED = r"""
 import os
@@ -17,7 +19,7 @@ import numpy as np, keras
 from keras_mhf.distribution import make_distribution
 from keras_mhf.models import MultiHashFormerBackbone, MultiHashFormerCausalLM
 from keras_mhf.models import architecture_config
-from keras_mhf.models.multi_hash_former_layout import check_layout_map
+from keras_mhf.models.multi_hash_former.multi_hash_former_layout import check_layout_map
 
 # tiny: 2 KV heads, which a 4-way "batch" axis cannot split.
 config = architecture_config("tiny_h3b64", gate_dim=8, mixer_dim=8)

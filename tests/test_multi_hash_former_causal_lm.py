@@ -163,7 +163,6 @@ def test_greedy_generation_matches_uncached_argmax(tiny_lm):
 def test_generate_stops_at_end_token(tiny_lm):
     """KerasHub's loop (top-p) and the exact greedy / top-k loop both stop
     at the end token."""
-    from keras_mhf.models import multi_hash_former_decoding
 
     end = tiny_lm.preprocessor.tokenizer.end_token_id
     assert tiny_lm.backbone.vocabulary_size > end
@@ -186,7 +185,7 @@ def test_generate_stops_at_end_token(tiny_lm):
     assert out[0] == "The cell"
     tiny_lm.compile(sampler="greedy")
     with mock.patch.object(
-        multi_hash_former_decoding, "next_token", forced_token
+        multi_hash_former_inference, "next_token", forced_token
     ):
         out = tiny_lm.generate(["The cell"], max_length=12)
     assert out[0] == "The cell"

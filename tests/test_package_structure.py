@@ -83,7 +83,7 @@ def cycles(graph):
 def test_no_two_modules_import_each_other():
     graph = import_graph()
     assert graph[
-        "keras_mhf.models.multi_hash_former_causal_lm"
+        "keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm"
     ]  # the reader works
     assert cycles(graph) == []
 

@@ -17,7 +17,7 @@ from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import StandardCausalLM
 from keras_mhf.models import standard_causal_lm
-from keras_mhf.models.multi_hash_former_vocabulary import (
+from keras_mhf.models.multi_hash_former.multi_hash_former_vocabulary import (
     tokenization_fingerprint,
 )
 from tests.conftest import DATA

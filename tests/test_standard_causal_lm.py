@@ -9,7 +9,9 @@ from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import StandardBackbone
 from keras_mhf.models import StandardCausalLM
 from keras_mhf.models import standard_causal_lm
-from keras_mhf.models.multi_hash_former_architectures import TRUNKS
+from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+    TRUNKS,
+)
 from tests.conftest import small_proto_bytes
 
 BACKBONE_KWARGS = dict(

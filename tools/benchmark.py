@@ -192,7 +192,9 @@ def worker(backend, vocabulary_size, config, args):
         result[f"generate_ms_per_token_b{batch}"] = float(np.median(latencies))
     # The same model at the paper's 1B trunk (V=32K, 2048-token context), for
     # the extrapolated training-cost ratio in the table.
-    from keras_mhf.models.multi_hash_former_architectures import TRUNKS
+    from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+        TRUNKS,
+    )
 
     result["flops_per_token_paper_1b"] = flops_per_token(
         config, 32768, TRUNKS["1b"], 2048

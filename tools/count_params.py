@@ -20,7 +20,9 @@ data) and prints its collision statistics (`SignatureTable.statistics()`):
 import argparse
 import os
 
-from keras_mhf.models.multi_hash_former_architectures import count_parameters
+from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+    count_parameters,
+)
 
 MISTRAL = os.path.join(
     os.path.dirname(
@@ -115,7 +117,7 @@ def print_signatures(args):
     import sentencepiece as spm
 
     from keras_mhf import SignatureTable
-    from keras_mhf.models.multi_hash_former_architectures import (
+    from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
         parse_architecture,
     )
 
@@ -171,7 +173,7 @@ def print_bytes(args):
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models import StandardCausalLM
     from keras_mhf.models import standard_backbone
-    from keras_mhf.models.multi_hash_former_architectures import (
+    from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
         parse_architecture,
     )
 

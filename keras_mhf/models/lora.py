@@ -44,8 +44,10 @@ import contextlib
 import keras
 import numpy as np
 
-from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
-from keras_mhf.models.standard_backbone import StandardBackbone
+from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
+    MultiHashFormerBackbone,
+)
+from keras_mhf.models.standard.standard_backbone import StandardBackbone
 
 
 def _backbone(lm):

@@ -17,8 +17,12 @@ import warnings
 import keras
 import numpy as np
 
-from keras_mhf.models.multi_hash_former_architectures import architecture_config
-from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+    architecture_config,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+    parse_architecture,
+)
 from keras_mhf.pretraining.errors import RunConfigError
 
 MODELS = ("mhf", "standard")

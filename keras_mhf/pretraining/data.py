@@ -23,7 +23,7 @@ from keras_mhf.data import tokenizer_fingerprint
 from keras_mhf.data import validation_score
 from keras_mhf.data import validation_windows
 from keras_mhf.data.prepared_corpus import INDEX_FILE
-from keras_mhf.models.multi_hash_former_tokenizer import (
+from keras_mhf.models.multi_hash_former.multi_hash_former_tokenizer import (
     MultiHashFormerTokenizer,
 )
 from keras_mhf.pretraining.config import is_primary

@@ -150,10 +150,10 @@ def load_initial_model(config, lora=True):
     ```
     """
     from keras_mhf.models.lora import enable_lora
-    from keras_mhf.models.multi_hash_former_causal_lm import (
+    from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
         MultiHashFormerCausalLM,
     )
-    from keras_mhf.models.standard_causal_lm import StandardCausalLM
+    from keras_mhf.models.standard.standard_causal_lm import StandardCausalLM
 
     kind = preset_kind(config.initial_preset)
     cls = MultiHashFormerCausalLM if kind == "mhf" else StandardCausalLM

@@ -13,8 +13,10 @@ import numpy as np
 
 from keras_mhf.data import blocks_to_features
 from keras_mhf.data import window_dataset
-from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
-from keras_mhf.models.standard_causal_lm import standard_causal_lm
+from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
+    MultiHashFormerCausalLM,
+)
+from keras_mhf.models.standard.standard_causal_lm import standard_causal_lm
 from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining.checkpoints import check_finite
 from keras_mhf.pretraining.checkpoints import non_finite_stop

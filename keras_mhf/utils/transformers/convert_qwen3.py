@@ -1,7 +1,7 @@
 """Reads a stock Hugging Face `Qwen3ForCausalLM` checkpoint (such as
 `export_qwen3` writes) into a `StandardCausalLM`: the trunk is ported with
 KerasHub's own Qwen3 converter, with the strict loader of
-`keras_mhf.models.authors_checkpoint` (safetensors only; every tensor must
+`keras_mhf.utils.transformers.convert_multi_hash_former` (safetensors only; every tensor must
 be used and have the expected shape). `StandardCausalLM.from_preset(path)`
 calls it for such a directory."""
 
@@ -10,7 +10,7 @@ import os
 
 from keras_hub.src.utils.transformers import convert_qwen3
 
-from keras_mhf.models import authors_checkpoint
+from keras_mhf.utils.transformers import convert_multi_hash_former
 
 
 def is_qwen3_checkpoint(preset):
@@ -128,8 +128,8 @@ def load_qwen3_checkpoint(
             f"{backbone.vocabulary_size}."
         )
     if load_weights:
-        authors_checkpoint.check_weight_files(directory)
-        with authors_checkpoint.CheckedLoader(directory) as loader:
+        convert_multi_hash_former.check_weight_files(directory)
+        with convert_multi_hash_former.CheckedLoader(directory) as loader:
             convert_qwen3.convert_weights(_TiedView(backbone), loader, None)
             loader.check_all_used()
     preprocessor = (

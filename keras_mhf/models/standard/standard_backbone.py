@@ -2,7 +2,9 @@ import keras
 from keras.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from keras_mhf.models.multi_hash_former_layout import fit_layout_to_weights
+from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
+    fit_layout_to_weights,
+)
 from keras_mhf.models.preset_consistency import check_preset_of_weights
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.utils.keras_utils import argument_names

@@ -5,12 +5,17 @@ from keras_hub.models import CausalLM
 from keras_hub.models import Qwen3CausalLM
 
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
-from keras_mhf.models import authors_checkpoint
 from keras_mhf.models import causal_lm_inputs
-from keras_mhf.models import multi_hash_former_decoding as decoding_lib
-from keras_mhf.models import multi_hash_former_vocabulary as vocabulary
-from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
-from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
+from keras_mhf.models.multi_hash_former import (
+    multi_hash_former_inference as decoding_lib,
+)
+from keras_mhf.models.multi_hash_former import (
+    multi_hash_former_vocabulary as vocabulary,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
+    MultiHashFormerBackbone,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.preset_consistency import check_preset_consistency
@@ -268,8 +273,10 @@ class MultiHashFormerCausalLM(CausalLM):
                 `keras_mhf.models.preset_consistency`), its weights do not
                 fit, or its tokenizer does not match the model.
         """
-        if authors_checkpoint.is_authors_checkpoint(preset):
-            return authors_checkpoint.load_authors_checkpoint(
+        from keras_mhf.utils.transformers import convert_multi_hash_former
+
+        if convert_multi_hash_former.is_authors_checkpoint(preset):
+            return convert_multi_hash_former.load_authors_checkpoint(
                 cls, preset, load_weights=load_weights, **kwargs
             )
         check_preset_consistency(preset)  # before building anything
@@ -502,7 +509,7 @@ class MultiHashFormerCausalLM(CausalLM):
         """One compiled generation call (KerasHub's `CausalLM` contract).
 
         Greedy and top-k samplers pick tokens with
-        `keras_mhf.models.multi_hash_former_decoding` (the bucket-candidate
+        `keras_mhf.models.multi_hash_former.multi_hash_former_inference` (the bucket-candidate
         search when `decoding="candidates"`, exact; the full scan when
         `"full"`); every other sampler runs KerasHub's own loop on the full
         distribution, as for KerasHub's Qwen3 (the loop only calls

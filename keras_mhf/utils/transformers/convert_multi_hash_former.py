@@ -17,7 +17,7 @@ import safetensors
 from keras_hub.src.utils.transformers import convert_qwen3
 from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
-from keras_mhf.models.multi_hash_former_vocabulary import (
+from keras_mhf.models.multi_hash_former.multi_hash_former_vocabulary import (
     tokenization_fingerprint,
 )
 from keras_mhf.signature_table import SignatureTable
@@ -402,9 +402,7 @@ def load_authors_checkpoint(
             if tokenizer is not None
             else None
         )
-        model = task_cls(
-            backbone, preprocessor, **_task_kwargs(directory)
-        )
+        model = task_cls(backbone, preprocessor, **_task_kwargs(directory))
         if load_weights:
             _port_weights(loader, model, num_hashes, num_buckets, hidden)
             loader.check_all_used()

@@ -12,7 +12,9 @@ import json
 
 import numpy as np
 
-from keras_mhf.models.multi_hash_former_architectures import parse_architecture
+from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+    parse_architecture,
+)
 from keras_mhf.signature_table import SignatureTable
 from keras_mhf.utils.keras_utils import copy_weights_by_path
 
@@ -45,7 +47,7 @@ def build_backbone(
     if hashes is None:
         raise ValueError(
             f"Architecture {architecture!r} names a Standard trunk; use "
-            "`keras_mhf.models.standard_causal_lm` for it, or add a hash "
+            "`keras_mhf.models.standard.standard_causal_lm` for it, or add a hash "
             "configuration such as '_h4b16k'."
         )
     config = {**trunk, **hashes, **backbone_kwargs}

@@ -4,12 +4,16 @@ import keras
 from keras_hub.models import Qwen3CausalLM
 
 from keras_mhf.models import causal_lm_inputs
-from keras_mhf.models.multi_hash_former_architectures import parse_architecture
-from keras_mhf.models.multi_hash_former_causal_lm import MultiHashFormerCausalLM
-from keras_mhf.models.multi_hash_former_causal_lm_preprocessor import (
+from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+    parse_architecture,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
+    MultiHashFormerCausalLM,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
-from keras_mhf.models.standard_backbone import StandardBackbone
+from keras_mhf.models.standard.standard_backbone import StandardBackbone
 from keras_mhf.utils.keras_utils import text_fit
 
 
@@ -21,7 +25,7 @@ class StandardCausalLM(Qwen3CausalLM):
     the backbone (the same `Qwen3DecoderBlock` trunk as MultiHashFormer) and
     the default loss differ: a token cross-entropy averaged over unmasked
     positions, like `SignatureCrossEntropy`. Build one with
-    `keras_mhf.models.standard_causal_lm(tokenizer, architecture)`.
+    `keras_mhf.models.standard.standard_causal_lm(tokenizer, architecture)`.
 
     Args:
         backbone: a `StandardBackbone`.
@@ -31,7 +35,7 @@ class StandardCausalLM(Qwen3CausalLM):
     Example:
 
     ```python
-    standard = keras_mhf.models.standard_causal_lm(tokenizer, "tiny")
+    standard = keras_mhf.models.standard.standard_causal_lm(tokenizer, "tiny")
     standard.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
     standard.generate("The cell", max_length=16)
     ```
@@ -192,7 +196,7 @@ def standard_causal_lm(
     Example:
 
     ```python
-    standard = keras_mhf.models.standard_causal_lm(
+    standard = keras_mhf.models.standard.standard_causal_lm(
         tokenizer, "tiny", extra_layers=1
     )
     ```

@@ -2,8 +2,10 @@ import keras
 from keras_hub.models import CausalLMPreprocessor
 
 from keras_mhf.models.causal_lm_inputs import check_texts
-from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
-from keras_mhf.models.multi_hash_former_tokenizer import (
+from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
+    MultiHashFormerBackbone,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_tokenizer import (
     MultiHashFormerTokenizer,
 )
 from keras_mhf.models.preset_consistency import check_preset_consistency

@@ -1,7 +1,9 @@
 import keras
 from keras_hub.tokenizers import SentencePieceTokenizer
 
-from keras_mhf.models.multi_hash_former_backbone import MultiHashFormerBackbone
+from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
+    MultiHashFormerBackbone,
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")

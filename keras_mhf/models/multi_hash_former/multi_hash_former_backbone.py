@@ -4,8 +4,12 @@ from keras_hub.models import Backbone
 from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
 from keras_mhf.layers.hash_encoder import HashEncoder
 from keras_mhf.layers.signature_lookup import SignatureLookup
-from keras_mhf.models.multi_hash_former_layout import fit_layout_to_weights
-from keras_mhf.models.multi_hash_former_layout import layout_map
+from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
+    fit_layout_to_weights,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
+    layout_map,
+)
 from keras_mhf.models.preset_consistency import check_preset_of_weights
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.signature_table import MAX_BUCKETS
