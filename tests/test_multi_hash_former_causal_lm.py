@@ -13,6 +13,7 @@ from keras_mhf.models import MultiHashFormerBackbone
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
+from keras_mhf.models.multi_hash_former import multi_hash_former_inference
 from keras_mhf.utils.keras_utils import count_trainable_parameters
 from tests.conftest import small_proto_bytes
 
