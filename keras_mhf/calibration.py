@@ -24,7 +24,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mhf.next_token_scorer import NextTokenScorer
+from keras_mhf.models.next_token_scorer import NextTokenScorer
 from keras_mhf.utils.progress import Progress
 
 MIN_TOKENS = 100
@@ -249,7 +249,38 @@ def held_out_blocks(causal_lm, data, sequence_length=None, max_tokens=4096):
 def calibrate(
     causal_lm, data, batch_size=8, sequence_length=None, max_tokens=4096
 ):
-    """See `MultiHashFormerCausalLM.calibrate`."""
+    """Fits `causal_lm.scoring_temperature` on held-out text and sets it
+    (`MultiHashFormerCausalLM.calibrate` calls this).
+
+    The fit is exact (Newton's method on the convex held-out NLL as a
+    function of `1 / tau`) and needs one forward pass per block: the raw
+    scores `s(w)` are cached (`max_tokens x V` floats). Greedy output never
+    changes (a positive scale keeps the argmax); sampled and scored
+    probabilities become calibrated.
+
+    Args:
+        causal_lm: a `MultiHashFormerCausalLM`.
+        data: held-out data: a prepared data directory (its validation
+            split), a `.txt`/`.jsonl` file or directory, a list of
+            documents, or an int array of token blocks `[n, L+1]`.
+        batch_size: blocks per forward pass.
+        sequence_length: block length for text (default: the
+            preprocessor's, at most 512).
+        max_tokens: predicted positions used (at least 100).
+
+    Returns:
+        A report: `temperature`, `previous_temperature`, `tokens`, and
+        `paper_rule` / `before` / `after` metrics (`perplexity`, `loss`,
+        `accuracy`, `ece`: expected calibration error of the top-1
+        prediction, `mean_confidence`).
+
+    Example:
+
+    ```python
+    report = lm.calibrate(["Held-out text. " * 200])
+    report["temperature"], report["after"]["perplexity"]
+    ```
+    """
     if hasattr(causal_lm, "check_tokenizer"):
         causal_lm.check_tokenizer()
     blocks = held_out_blocks(causal_lm, data, sequence_length, max_tokens)
@@ -263,6 +294,7 @@ def calibrate(
         )
     before_tau = causal_lm.scoring_temperature
     tau = fit_temperature(scores, targets)
+    causal_lm.scoring_temperature = tau
     return {
         "temperature": tau,
         "previous_temperature": before_tau,

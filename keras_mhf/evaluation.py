@@ -13,7 +13,7 @@ import numpy as np
 from keras import ops
 
 from keras_mhf.calibration import expected_calibration_error
-from keras_mhf.next_token_scorer import NextTokenScorer
+from keras_mhf.models.next_token_scorer import NextTokenScorer
 from keras_mhf.utils.progress import Progress
 
 

@@ -6,9 +6,12 @@ model, with zero new parameters for MultiHashFormer.
   made of the language's script are added, ranked below every old merge, so
   the old tokenizer's output on English (any text without those scripts) is
   unchanged.
-- `expand_standard_vocabulary`: the Standard baseline grows its embedding
-  matrix; each new row is the mean of the old embeddings of the piece's
-  tokenization under the old tokenizer (the authors' mean initialisation).
+- `expand_standard_vocabulary` (from
+  `keras_mhf.models.standard.standard_vocabulary`): the Standard baseline
+  grows its embedding matrix; each new row is the mean of the old embeddings
+  of the piece's tokenization under the old tokenizer (the authors' mean
+  initialisation). MultiHashFormer grows with no new parameter:
+  `MultiHashFormerCausalLM.expand_vocabulary`.
 - `freeze_for_continual_pretraining`: trains the encoder/embeddings, the
   decoder, the first two and last two blocks and the final norm, and freezes
   the other blocks, as the paper's continual pre-training.
@@ -17,8 +20,9 @@ model, with zero new parameters for MultiHashFormer.
 import io
 import unicodedata
 
-import keras
-import numpy as np
+from keras_mhf.models.standard.standard_vocabulary import (  # noqa: F401
+    expand_standard_vocabulary,
+)
 
 SCRIPTS = {
     "ar": ("ARABIC",),
@@ -107,68 +111,6 @@ def expand_sentencepiece(
             existing.add(piece)
             new_pieces.append(piece)
     return model.SerializeToString(), new_pieces
-
-
-def expand_standard_vocabulary(model, new_tokenizer):
-    """The Standard baseline for a larger vocabulary, mean-initialised.
-
-    Args:
-        model: a `StandardCausalLM` (from `standard_causal_lm`)
-            with its old tokenizer attached.
-        new_tokenizer: the expanded tokenizer (old pieces first).
-
-    Returns:
-        A new `StandardCausalLM`; every weight but the embedding is copied, the
-        old rows are kept, and each new row is the mean of the old rows of
-        the new piece's tokenization under the old tokenizer.
-    """
-    import sentencepiece as spm
-
-    from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
-        MultiHashFormerCausalLMPreprocessor,
-    )
-
-    old_tokenizer = model.preprocessor.tokenizer
-    old_vocabulary = old_tokenizer.get_vocabulary()
-    vocabulary = new_tokenizer.get_vocabulary()
-    if vocabulary[: len(old_vocabulary)] != old_vocabulary:
-        raise ValueError(
-            "The new tokenizer must start with the old vocabulary."
-        )
-    old_sp = spm.SentencePieceProcessor(model_proto=old_tokenizer.proto)
-    backbone = model.backbone
-    config = backbone.get_config()
-    config["vocabulary_size"] = len(vocabulary)
-    new_backbone = type(backbone).from_config(config)
-    for old, new in zip(backbone.weights, new_backbone.weights):
-        if new is not new_backbone.token_embedding.embeddings:
-            new.assign(old)
-    old_rows = np.asarray(
-        keras.ops.convert_to_numpy(backbone.token_embedding.embeddings)
-    )
-    rows = np.zeros((len(vocabulary), old_rows.shape[1]), old_rows.dtype)
-    rows[: len(old_rows)] = old_rows
-    for i in range(len(old_vocabulary), len(vocabulary)):
-        text = vocabulary[i].replace("▁", " ")
-        ids = (
-            old_sp.encode(text.lstrip())
-            if text.startswith(" ")
-            else old_sp.encode(text)
-        )
-        if (
-            not text.startswith(" ")
-            and ids
-            and old_sp.id_to_piece(ids[0]) == "▁"
-        ):
-            ids = ids[1:]  # the dummy prefix SentencePiece adds
-        rows[i] = old_rows[ids].mean(0) if ids else old_rows.mean(0)
-    new_backbone.token_embedding.embeddings.assign(rows)
-    preprocessor = MultiHashFormerCausalLMPreprocessor(
-        new_tokenizer, sequence_length=model.preprocessor.sequence_length
-    )
-    expanded = type(model)(backbone=new_backbone, preprocessor=preprocessor)
-    expanded.compile(loss=model.loss)
-    return expanded
 
 
 def freeze_for_continual_pretraining(model, trainable_blocks=2):

@@ -151,6 +151,10 @@ def finetune_decoder(lm, train_blocks, tau, epochs, learning_rate):
     import keras
     from keras import ops
 
+    from keras_mhf.models.multi_hash_former import (
+        multi_hash_former_inference as inference,
+    )
+
     backbone = lm.backbone
     hidden = hidden_states(lm, train_blocks)
     targets = np.asarray(train_blocks[:, 1:], "int32").reshape(-1)
@@ -167,7 +171,9 @@ def finetune_decoder(lm, train_blocks, tau, epochs, learning_rate):
             )
 
         def call(self, bucket_logits):
-            s = self.lookup.token_log_probs(bucket_logits, normalize=False)
+            s = inference.token_scores(
+                inference.head_log_probs(bucket_logits), self.lookup.signatures
+            )
             return s * ops.exp(self.log_beta)
 
     h = keras.Input((hidden.shape[-1],))

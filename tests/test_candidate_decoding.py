@@ -86,6 +86,9 @@ def test_candidate_search_kernel_against_the_full_scan():
     table = SignatureTable.from_tokens(tokens, 3, 64, pad_token_id=0)
     lookup = SignatureLookup(3000, 3, 64, 0, signatures=table)
     lookup.build()
+    index = decoding.BucketIndex(3000, 3, 64)
+    index.refresh(lookup)
+    signatures = lookup.signatures
     rng = np.random.default_rng(0)
     certified_count = 0
     for trial in range(20):
@@ -98,9 +101,11 @@ def test_candidate_search_kernel_against_the_full_scan():
                 logits[row, head, table.signatures[token, head]] += sharp
         log_probs = ops.log_softmax(ops.convert_to_tensor(logits), axis=-1)
         for k in (1, 3):
-            full_values, full_ids = decoding.full_top_k(lookup, log_probs, k)
+            full_values, full_ids = decoding.full_top_k(
+                signatures, log_probs, k
+            )
             values, ids, certified = decoding.candidate_top_k(
-                lookup, log_probs, k, 4
+                signatures, index, log_probs, k, 4
             )
             if bool(to_numpy(certified)):
                 certified_count += 1
@@ -153,8 +158,9 @@ def test_decoding_settings(tiny_lm, tmp_path):
     # The inverted index is rebuilt from the loaded table.
     lookup = restored.backbone.signature_lookup
     table = lookup.get_signatures()
+    restored.resolved_candidate_buckets()  # refreshes the index
     for head in range(lookup.num_hashes):
-        order = to_numpy(lookup.bucket_tokens[head])
+        order = to_numpy(restored.bucket_index.bucket_tokens[head])
         np.testing.assert_array_equal(
             order, np.argsort(table[:, head], kind="stable")
         )

@@ -111,3 +111,94 @@ def test_layers_and_models_use_keras_ops_only():
                 assert imported.split(".")[0] not in backends, (
                     f"{name} imports {imported}"
                 )
+
+
+# Application modules: what the recipes and tools run. Nothing in layers/ or
+# models/ imports one at module level (a method that delegates to one imports
+# it inside itself, as KerasHub's `CausalLM.export_to_transformers` does).
+APPLICATION_PREFIXES = (
+    "keras_mhf.calibration",
+    "keras_mhf.evaluation",
+    "keras_mhf.export",
+    "keras_mhf.pretraining",
+    "keras_mhf.data",
+    "keras_mhf.lm_eval_adapter",
+    "keras_mhf.benchmarking",
+    "keras_mhf.vocabulary_expansion",
+    "keras_mhf.distribution",
+)
+# What layers/ and models/ may import at module level.
+LOWER_PREFIXES = (
+    "keras_mhf.layers",
+    "keras_mhf.losses",
+    "keras_mhf.utils",
+    "keras_mhf.signature_table",
+    "keras_mhf.signature_lsh",
+)
+
+
+def module_level_imports(path, modules):
+    """The `keras_mhf` modules imported by top-level statements of `path`
+    (not inside a function or class body)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body = ast.Module(
+        body=[
+            node
+            for node in tree.body
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+        ],
+        type_ignores=[],
+    )
+    found = set()
+    for node in ast.walk(body):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if not node.module.startswith("keras_mhf"):
+                continue
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in modules)
+    return found
+
+
+def layering_violations(graph_of_module_level_imports):
+    """`(importer, imported)` pairs where a module of layers/ or models/
+    imports, at module level, anything that is not below it."""
+    violations = []
+    for name, imported in sorted(graph_of_module_level_imports.items()):
+        if name.startswith("keras_mhf.layers"):
+            allowed = LOWER_PREFIXES
+        elif name.startswith("keras_mhf.models"):
+            allowed = LOWER_PREFIXES + ("keras_mhf.models",)
+        else:
+            continue
+        for target in sorted(imported):
+            if not target.startswith(allowed):
+                violations.append((name, target))
+    return violations
+
+
+def test_layers_and_models_import_only_downward():
+    modules = package_modules()
+    graph = {
+        name: module_level_imports(path, modules) - {name}
+        for name, path in modules.items()
+    }
+    assert graph[
+        "keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm"
+    ]
+    assert layering_violations(graph) == []
+
+
+def test_the_layering_check_finds_upward_imports():
+    graph = {
+        "keras_mhf.models.a": {"keras_mhf.calibration", "keras_mhf.layers.b"},
+        "keras_mhf.layers.b": {"keras_mhf.models.a", "keras_mhf.utils.c"},
+        "keras_mhf.evaluation": {"keras_mhf.models.a"},
+    }
+    assert layering_violations(graph) == [
+        ("keras_mhf.layers.b", "keras_mhf.models.a"),
+        ("keras_mhf.models.a", "keras_mhf.calibration"),
+    ]
+    assert all(p.startswith("keras_mhf.") for p in APPLICATION_PREFIXES)

@@ -596,9 +596,7 @@ def inference_worker(kind, vocabulary_size, args):
         # small vocabularies whole, which is faster there).
         model.candidate_buckets = model.resolved_candidate_buckets()
         result["candidate_buckets"] = model.candidate_buckets
-        result["max_bucket_load"] = list(
-            model.backbone.signature_lookup.max_bucket_load
-        )
+        result["max_bucket_load"] = list(model.bucket_index.max_bucket_load)
         for decoding in ("candidates", "full"):
             model.decoding = decoding
             result.update(

@@ -35,6 +35,7 @@ from keras import ops
 
 from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.token_ids import check_feature_ids
+from keras_mhf.utils.token_ids import check_token_ids
 from keras_mhf.utils.token_ids import checked_dataset
 
 TRUNCATE_OPTIONS = (None, "left")
@@ -210,6 +211,29 @@ def checked_fit_inputs(causal_lm, x, y=None):
 
 
 # --- Generation lengths ----------------------------------------------------
+
+
+def check_score_arguments(
+    causal_lm, token_ids, padding_mask, scoring_mode, target_ids
+):
+    """`score`'s arguments, as KerasHub checks them plus the token ids'
+    range; returns the padding mask (all ones when `None`)."""
+    if scoring_mode not in ("logits", "loss"):
+        raise ValueError(
+            "Unsupported scoring_mode. Must be one of 'logits' or 'loss'."
+        )
+    if scoring_mode == "loss" and target_ids is None:
+        raise ValueError(
+            "Cannot compute loss without targets. Please provide target "
+            "token ids via the target_ids parameter."
+        )
+    vocabulary_size = causal_lm.backbone.vocabulary_size
+    check_token_ids(token_ids, vocabulary_size)
+    if target_ids is not None:
+        check_token_ids(target_ids, vocabulary_size, "Target ids")
+    if padding_mask is None:
+        padding_mask = ops.ones(ops.shape(token_ids)[:2], dtype="int32")
+    return padding_mask
 
 
 def check_length_arguments(max_length, max_new_tokens, truncate):
@@ -541,6 +565,20 @@ def _pad_to_common_width(outputs):
     return padded
 
 
+def _prompt_batches(inputs, preprocessor):
+    """`(batches of prompts, whether the input was one scalar string)`."""
+    if _is_tf_dataset(inputs):
+        return inputs.as_numpy_iterator(), False
+    if preprocessor is None:
+        return [inputs], False
+    if isinstance(inputs, (str, bytes)):
+        return [[inputs]], True
+    if hasattr(inputs, "dtype") and tuple(inputs.shape) == ():
+        # A scalar string tensor or array.
+        return [[np.asarray(inputs).item()]], True
+    return [inputs], False
+
+
 def generate(
     causal_lm,
     inputs,
@@ -606,19 +644,7 @@ def generate(
             "given: cut them yourself, or attach a preprocessor."
         )
     generate_function = causal_lm.make_generate_function()
-    input_is_scalar = False
-    if _is_tf_dataset(inputs):
-        batches = inputs.as_numpy_iterator()
-    elif preprocessor is None:
-        batches = [inputs]
-    else:
-        if isinstance(inputs, (str, bytes)):
-            inputs, input_is_scalar = [inputs], True
-        elif hasattr(inputs, "dtype") and tuple(inputs.shape) == ():
-            # A scalar string tensor or array.
-            inputs = [np.asarray(inputs).item()]
-            input_is_scalar = True
-        batches = [inputs]
+    batches, input_is_scalar = _prompt_batches(inputs, preprocessor)
 
     outputs = []
     for batch in batches:

@@ -1,13 +1,12 @@
 import keras
-import keras_hub
 from keras import ops
 from keras_hub.models import CausalLM
-from keras_hub.models import Qwen3CausalLM
 
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
-from keras_mhf.models import causal_lm_inputs
+from keras_mhf.models.causal_lm_inputs import check_score_arguments
+from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
-    multi_hash_former_inference as decoding_lib,
+    multi_hash_former_inference as inference,
 )
 from keras_mhf.models.multi_hash_former import (
     multi_hash_former_vocabulary as vocabulary,
@@ -18,16 +17,13 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
 from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
+from keras_mhf.models.next_token_scorer import forget_scorers
+from keras_mhf.models.next_token_scorer import target_losses
 from keras_mhf.models.preset_consistency import check_preset_consistency
 from keras_mhf.utils.keras_utils import TASK_KWARGS
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
-from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.keras_utils import check_temperature
-from keras_mhf.utils.keras_utils import text_fit
-from keras_mhf.utils.token_ids import check_token_ids
-
-DECODINGS = ("candidates", "full")
 
 
 def _skip_preprocessing(preprocessor, filters):
@@ -49,15 +45,16 @@ def _skip_preprocessing(preprocessor, filters):
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
-class MultiHashFormerCausalLM(CausalLM):
+class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     """MultiHashFormer causal language model (KerasHub `CausalLM`).
 
     The functional output is the cascade's bucket logits `[b, s, H, B]`
     (paper Sec. 3.3), and `fit` trains them with `SignatureCrossEntropy`
     (Sec. 3.4, training): targets are mapped to signatures inside the model,
     so a `[b, s, V]` tensor is never formed during training. `generate()` and
-    `score()` use token log-probabilities over the real vocabulary
-    (Sec. 3.4, inference), so every KerasHub sampler works unchanged.
+    `score()` use token log-probabilities over the real vocabulary (Sec. 3.4,
+    inference: `keras_mhf.models.multi_hash_former.multi_hash_former_inference`),
+    so every KerasHub sampler works unchanged.
 
     Build a new model with `from_tokenizer`, load one with `from_preset` (a
     KerasHub preset directory or a Hugging Face checkpoint of the authors'
@@ -72,14 +69,11 @@ class MultiHashFormerCausalLM(CausalLM):
         scoring_temperature: `tau > 0` of `log_softmax_V(s(w) / tau)`; 1.0
             (default) is the paper's rule, `calibrate` fits it.
         decoding: `"candidates"` (default) or `"full"`: how greedy and
-            top-k generation find the vocabulary's top tokens. Both give
+            top-k generation find the vocabulary's top tokens; both give
             exactly the same tokens. `"candidates"` searches the tokens of
-            each head's top buckets and certifies the answer (falling back to
-            the full scan when it cannot); with `candidate_buckets=None` it
-            scans the whole vocabulary when that is cheaper, i.e. for
-            vocabularies of at most `CANDIDATE_MIN_VOCABULARY` (262,144)
-            tokens (measured crossover on CPU: the search was slower at 131K
-            tokens and twice as fast at 1M).
+            each head's top buckets and certifies the answer (falling back
+            to the full scan when it cannot); with `candidate_buckets=None`
+            it does so only above `CANDIDATE_MIN_VOCABULARY` tokens.
         candidate_buckets: `K`, buckets per head searched; `None` chooses it
             from the table (about 4,096 candidates per row). Setting it
             forces the search at any vocabulary size.
@@ -88,15 +82,15 @@ class MultiHashFormerCausalLM(CausalLM):
     Example:
 
     ```python
-    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(
-        "../shared/data/mistral_v03_tokenizer/tokenizer.model"
-    )
-    lm = keras_mhf.models.MultiHashFormerCausalLM.from_tokenizer(
-        tokenizer, architecture="tiny_h4b1024", sequence_length=64
+    tokens = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
+    lm = keras_mhf.models.MultiHashFormerCausalLM.from_tokens(
+        tokens, architecture="tiny_h4b1024", pad_token_id=0
     )
     lm.compile(optimizer=keras.optimizers.AdamW(1e-3))
-    lm.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
-    lm.generate("The cell", max_length=16)
+    ids = np.random.randint(3, 64, (4, 16))
+    lm.fit({"token_ids": ids[:, :-1], "padding_mask": ids[:, :-1] > 0},
+           ids[:, 1:], batch_size=2)
+    lm.score(ids)  # token log-probs [4, 16, 64]
     ```
     """
 
@@ -118,6 +112,9 @@ class MultiHashFormerCausalLM(CausalLM):
             argument_names(type(self)),
             allowed=TASK_KWARGS,
         )
+        candidate_buckets = inference.check_decoding(
+            decoding, candidate_buckets
+        )
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
@@ -125,40 +122,28 @@ class MultiHashFormerCausalLM(CausalLM):
 
         # === Functional Model ===
         inputs = backbone.input
-        hidden_states = backbone(inputs)
-        outputs = self.hash_decoder(hidden_states)
+        outputs = self.hash_decoder(backbone(inputs))
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
+
+        # === Inference state (derived, never saved) ===
+        lookup = backbone.signature_lookup
+        self.bucket_index = inference.BucketIndex(
+            lookup.vocabulary_size,
+            lookup.num_hashes,
+            lookup.num_buckets,
+            name="bucket_index",
+        )
+        self.bucket_index.build()  # filled by `refresh`, before generation
         # tokenization_fingerprint of the last tokenizer that passed.
         self._verified_tokenizer = None
+        self._generate_key = None
+        # Generation steps and how many of them fell back to the full scan.
+        self.decoding_statistics = inference.DecodingStatistics()
 
         # === Config ===
         self.scoring_temperature = scoring_temperature
-        if decoding not in DECODINGS:
-            raise ValueError(
-                f"decoding must be one of {DECODINGS}; got {decoding!r}."
-            )
-        if candidate_buckets is not None:
-            check_positive_ints(
-                "MultiHashFormerCausalLM", candidate_buckets=candidate_buckets
-            )
-            candidate_buckets = int(candidate_buckets)
         self.decoding = decoding
         self.candidate_buckets = candidate_buckets
-        self._generate_key = None
-        # Generation steps and how many of them fell back to the full scan.
-        self.decoding_statistics = decoding_lib.DecodingStatistics()
-
-    def resolved_candidate_buckets(self):
-        """`K`, the buckets per head searched by `decoding="candidates"`:
-        `candidate_buckets`, or chosen from the table (`B` and the bucket
-        loads, i.e. `V / B`) to keep about 4096 candidates per row."""
-        lookup = self.backbone.signature_lookup
-        buckets = self.candidate_buckets
-        if buckets is None:
-            buckets = decoding_lib.automatic_candidate_buckets(
-                lookup.max_bucket_load
-            )
-        return min(buckets, lookup.num_buckets - 1)
 
     @property
     def scoring_temperature(self):
@@ -171,108 +156,57 @@ class MultiHashFormerCausalLM(CausalLM):
     @scoring_temperature.setter
     def scoring_temperature(self, value):
         self._scoring_temperature = check_temperature(value)
-        # Compiled functions captured the old value.
-        self.generate_function = None
-        from keras_mhf.next_token_scorer import forget_scorers
+        self._forget_compiled()
 
+    def _forget_compiled(self):
+        """Drops compiled functions that captured the model's settings."""
+        self.generate_function = None
         forget_scorers(self)
+
+    def resolved_candidate_buckets(self):
+        """`K`, the buckets per head searched by `decoding="candidates"`."""
+        lookup = self.backbone.signature_lookup
+        self.bucket_index.refresh(lookup)
+        return inference.resolved_candidate_buckets(
+            self.candidate_buckets, self.bucket_index, lookup.num_buckets
+        )
 
     # --- Construction -------------------------------------------------------
 
     @classmethod
     def from_tokenizer(
-        cls,
-        tokenizer,
-        architecture="tiny_h4b1024",
-        sequence_length=1024,
-        signature_rule="unique",
-        dtype=None,
-        **backbone_kwargs,
+        cls, tokenizer, architecture="tiny_h4b1024", sequence_length=1024, **kw
     ):
-        """Builds a new, randomly initialised model for `tokenizer`.
-
-        The signature table is computed from the tokenizer's vocabulary
-        strings (paper Sec. 3.1).
+        """A new, randomly initialised model for a `MultiHashFormerTokenizer`:
+        the signature table is hashed from its vocabulary (paper Sec. 3.1).
 
         Args:
             tokenizer: a `MultiHashFormerTokenizer`.
             architecture: a name like `"1b_h4b16k"` or `"tiny_h3b512"` (see
                 `keras_mhf.models.architecture_names()`).
             sequence_length: the preprocessor's packed length.
-            signature_rule: `"unique"`, `"reference"` or `"repeated"`.
-            dtype: dtype policy of the model.
-            **backbone_kwargs: overrides of any backbone argument (e.g.
-                `num_layers=3`, `num_buckets=2048`), and the task's own
-                settings (`scoring_temperature`, `decoding`,
-                `candidate_buckets`).
+            **kw: `signature_rule` (`"unique"`, `"reference"`,
+                `"repeated"`), `dtype`, overrides of any backbone argument
+                (e.g. `num_layers=3`) and the task's own arguments.
         """
-        # The model records how its tokenizer tokenizes (check_tokenizer).
-        fingerprint = vocabulary.tokenization_fingerprint(tokenizer)
-        backbone_kwargs.setdefault("tokenization_fingerprint", fingerprint)
-        model = cls.from_tokens(
-            tokenizer.get_vocabulary(),
-            architecture,
-            pad_token_id=tokenizer.signature_pad_token_id,
-            signature_rule=signature_rule,
-            dtype=dtype,
-            **backbone_kwargs,
+        return vocabulary.causal_lm_from_tokenizer(
+            cls, tokenizer, architecture, sequence_length, **kw
         )
-        model.preprocessor = cls.preprocessor_cls(
-            tokenizer, sequence_length=sequence_length
-        )
-        # The table was just hashed from this tokenizer's vocabulary.
-        model._verified_tokenizer = fingerprint
-        return model
 
     @classmethod
-    def from_tokens(
-        cls,
-        tokens,
-        architecture="tiny_h4b1024",
-        pad_token_id=None,
-        signature_rule="unique",
-        dtype=None,
-        **backbone_kwargs,
-    ):
-        """Builds a new model without a preprocessor from token strings
-        (token id = position), e.g. for benchmarks on synthetic vocabularies.
-        Arguments as `from_tokenizer`; `pad_token_id` gets the all-zero
-        signature."""
-        task_names = set(argument_names(cls)) - {"backbone", "preprocessor"}
-        task_kwargs = {
-            key: backbone_kwargs.pop(key)
-            for key in list(backbone_kwargs)
-            if key in task_names
-        }
-        backbone = vocabulary.build_backbone(
-            cls.backbone_cls,
-            tokens,
-            architecture,
-            pad_token_id=pad_token_id,
-            signature_rule=signature_rule,
-            dtype=dtype,
-            **backbone_kwargs,
-        )
-        return cls(backbone=backbone, preprocessor=None, **task_kwargs)
+    def from_tokens(cls, tokens, architecture="tiny_h4b1024", **kw):
+        """A new model without a preprocessor from token strings (token id =
+        position), e.g. for benchmarks on synthetic vocabularies; `kw` as
+        `from_tokenizer`, plus `pad_token_id` (the all-zero signature)."""
+        return vocabulary.causal_lm_from_tokens(cls, tokens, architecture, **kw)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """Loads a KerasHub preset directory, or converts a Hugging Face
-        checkpoint directory of the authors' code (safetensors only).
-
-        Args:
-            preset: a local directory.
-            load_weights: whether to load the weights.
-            **kwargs: forwarded to KerasHub's loader (e.g. `dtype`), or, for
-                an authors' checkpoint, `tokenizer` (a tokenizer or `.model`
-                path), `dtype` and `sequence_length`.
-
-        Raises:
-            ValueError: the preset's files disagree (e.g. `config.json` and
-                `task.json` describe different backbones; see
-                `keras_mhf.models.preset_consistency`), its weights do not
-                fit, or its tokenizer does not match the model.
-        """
+        checkpoint of the authors' code (safetensors only; `kwargs` may give
+        `tokenizer`, `dtype`, `sequence_length`). Raises `ValueError` when
+        the preset's files disagree, its weights do not fit, or its tokenizer
+        does not match the model."""
         from keras_mhf.utils.transformers import convert_multi_hash_former
 
         if convert_multi_hash_former.is_authors_checkpoint(preset):
@@ -296,83 +230,39 @@ class MultiHashFormerCausalLM(CausalLM):
         sampler="top_k",
         **kwargs,
     ):
-        """Like `CausalLM.compile`, with `SignatureCrossEntropy` as the
-        default loss and no default metric (bucket-level metrics see the
-        targets' signatures `[b, s, H]`)."""
-        if loss == "auto":
-            loss = SignatureCrossEntropy()
-        if weighted_metrics == "auto":
-            weighted_metrics = None
+        """`CausalLM.compile` with `SignatureCrossEntropy` as the default loss
+        and no default metric (metrics see the targets' signatures)."""
         super().compile(
             optimizer=optimizer,
-            loss=loss,
-            weighted_metrics=weighted_metrics,
+            loss=SignatureCrossEntropy() if loss == "auto" else loss,
+            weighted_metrics=(
+                None if weighted_metrics == "auto" else weighted_metrics
+            ),
             sampler=sampler,
             **kwargs,
         )
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """`keras.Model.quantize` (`"int8"`, `"int4"`) over every Dense
-        layer, plus the hash encoder's bucket tables, which the encoder's
-        lookup and the decoder's tied logits and soft retrieval read in the
-        int dtype (`HashEncoder.quantize`)."""
-        super().quantize(
-            mode,
-            config=config,
-            filters=_skip_preprocessing(self.preprocessor, filters),
-            **kwargs,
-        )
+        layer, plus the hash encoder's bucket tables (`HashEncoder.quantize`).
+        A quantized model is for inference: its optimizer is rebuilt."""
+        keep = _skip_preprocessing(self.preprocessor, filters)
+        super().quantize(mode, config=config, filters=keep, **kwargs)
         self.backbone.quantize_hash_tables(mode, config=config, filters=filters)
-        self.generate_function = None
-        from keras_mhf.next_token_scorer import forget_scorers
-
-        forget_scorers(self)
+        self._forget_compiled()
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and optimizer.built:
-            # A quantized model is for inference: its old optimizer state
-            # no longer matches the (now partly int) weights.
             self.compile(
                 optimizer=type(optimizer).from_config(optimizer.get_config()),
                 loss=self.loss,
                 sampler=self.sampler,
             )
 
-    def get_compile_config(self):
-        """Keras' compile config plus the sampler, so `.keras` loading
-        restores the compile state (and the optimizer's variables) instead
-        of warning and recompiling with defaults."""
-        # Not `super()`: StandardCausalLM shares this method.
-        config = keras.Model.get_compile_config(self)
-        if config and getattr(self, "sampler", None) is not None:
-            config["sampler"] = keras_hub.samplers.serialize(self.sampler)
-        if config and getattr(self, "optimizer", None) is not None:
-            # Build the restored optimizer only if this one was built, so its
-            # saved variables (none, or all of them) load without a warning.
-            config["optimizer_built"] = bool(self.optimizer.built)
-        return config
-
-    def compile_from_config(self, config):
-        """Recompiles from `get_compile_config` (used by `.keras` loading)."""
-        config = dict(config)
-        sampler = config.pop("sampler", "top_k")
-        optimizer_built = config.pop("optimizer_built", True)
-        config = keras.saving.deserialize_keras_object(config)
-        self.compile(sampler=keras_hub.samplers.get(sampler), **config)
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is not None and optimizer_built and self.built:
-            optimizer.build(self.trainable_variables)
-
     def _target_signatures(self, y):
-        """Token targets `[b, s]` -> their signatures `[b, s, H]`.
-
-        The loss and the metrics see signatures, not token ids. Keras calls
-        `compute_loss` and then `compute_metrics` with the same `y` object
-        in one train or test step; on JAX `compute_metrics` runs outside the
-        stateless scope that holds the variables' values (so the signature
-        table cannot be read there), hence `compute_loss` caches the
-        signatures it computed, keyed by the identity of `y`, and
-        `compute_metrics` takes them from the cache and clears it.
-        """
+        """Token targets `[b, s]` -> their signatures `[b, s, H]`, cached by
+        the identity of `y`: Keras calls `compute_loss` then `compute_metrics`
+        with the same `y`, and on JAX the latter runs outside the stateless
+        scope that holds the variables (the table cannot be read there)."""
         if y is None:
             return None
         cached = getattr(self, "_signature_cache", None)
@@ -385,212 +275,98 @@ class MultiHashFormerCausalLM(CausalLM):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
-        return super().compute_loss(
-            x=x,
-            y=self._target_signatures(y),
-            y_pred=y_pred,
-            sample_weight=sample_weight,
-            training=training,
-        )
+        y = self._target_signatures(y)
+        return super().compute_loss(x, y, y_pred, sample_weight, training)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
         signatures = self._target_signatures(y)
         self._signature_cache = None
-        return super().compute_metrics(
-            x, signatures, y_pred, sample_weight=sample_weight
-        )
+        return super().compute_metrics(x, signatures, y_pred, sample_weight)
 
-    def fit(self, x=None, y=None, *args, **kwargs):
-        """`keras.Model.fit`, after checking the tokenizer and the data
-        (`keras_mhf.models.causal_lm_inputs.checked_fit_inputs`) before any
-        state changes: with a preprocessor, `x` must be strings (an empty
-        list, a non-string entry or a dict is refused with one clear error);
-        without one, every token id must be in the vocabulary (streamed
-        datasets are checked batch by batch, the first one before training
-        starts).
-
-        Example:
-
-        ```python
-        lm.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
-        ```
-        """
-        self.check_tokenizer()
-        x = causal_lm_inputs.checked_fit_inputs(self, x, y)
-        with text_fit(x, args, kwargs):  # KerasHub's text batching, quietly
-            return super().fit(x, y, *args, **kwargs)
-
-    # --- Inference ----------------------------------------------------------
+    # --- Inference (paper Sec. 3.4) -------------------------------------------
 
     def bucket_logits(self, hidden_states):
         """Final hidden states `[..., d]` -> bucket logits `[..., H, B]`."""
         return self.hash_decoder(hidden_states)
 
     def token_scores(self, hidden_states):
-        """Final hidden states `[..., d]` -> the raw token scores `s(w) =
-        sum_i log p_i(h_i(w))` `[..., V]` (float32, not normalised over the
-        vocabulary; paper Sec. 3.4)."""
-        return self.backbone.signature_lookup.token_log_probs(
-            self.bucket_logits(hidden_states), normalize=False
-        )
+        """Raw token scores `s(w) = sum_i log p_i(h_i(w))` `[..., V]`."""
+        log_probs = inference.head_log_probs(self.bucket_logits(hidden_states))
+        table = self.backbone.signature_lookup.signatures
+        return inference.token_scores(log_probs, table)
 
     def token_log_probs(self, hidden_states):
-        """Final hidden states `[..., d]` -> token log-probs `[..., V]`
-        (float32): `log_softmax_V(s(w) / scoring_temperature)`."""
-        scores = self.token_scores(hidden_states)
-        if self.scoring_temperature != 1.0:  # 1.0: exactly the paper's rule
-            scores = scores / self.scoring_temperature
-        return ops.log_softmax(scores, axis=-1)
+        """Token log-probs `[..., V]` (float32):
+        `log_softmax_V(s(w) / scoring_temperature)`."""
+        log_probs = inference.head_log_probs(self.bucket_logits(hidden_states))
+        table = self.backbone.signature_lookup.signatures
+        return inference.token_log_probs(
+            log_probs, table, self.scoring_temperature
+        )
 
     def next_token_statistics(self, hidden_states, targets, with_argmax=True):
-        """`(log p(target), top log-prob, argmax id)` per position, each
-        `[...]`, for hidden states `[..., d]` and target ids `[...]`, without
-        forming `[..., V]` (`SignatureLookup.token_statistics`); used by
-        `score(scoring_mode="loss")` and evaluation. `with_argmax=False`
-        skips tracking the argmax (returned as -1), which `score` does not
-        need."""
-        return self.backbone.signature_lookup.token_statistics(
-            self.bucket_logits(hidden_states),
+        """`(log p(target), top log-prob, argmax id)` per position, without
+        forming `[..., V]` (`inference.vocabulary_statistics`)."""
+        log_probs = inference.head_log_probs(self.bucket_logits(hidden_states))
+        return inference.vocabulary_statistics(
+            log_probs,
+            self.backbone.signature_lookup.signatures,
             targets,
             self.scoring_temperature,
             with_argmax=with_argmax,
         )
 
-    def _trunk_with_cache(self, token_ids, cache, cache_update_index):
-        x = self.backbone.embed(token_ids)
-        updated_cache = []
-        for i in range(self.backbone.num_layers):
-            x, next_cache = self.backbone.transformer_layers[i](
-                x,
-                self_attention_cache=cache[:, i, ...],
-                self_attention_cache_update_index=cache_update_index,
-            )
-            updated_cache.append(next_cache)
-        cache = ops.stack(updated_cache, axis=1)
-        return self.backbone.layer_norm(x), cache
-
     def call_with_cache(self, token_ids, cache, cache_update_index):
-        """Forward pass with a KV cache, for generation.
-
-        Args:
-            token_ids: int `[b, s]`.
-            cache: float
-                `[b, num_layers, 2, max_length, num_kv_heads, head_dim]`.
-            cache_update_index: int, position of `token_ids[:, 0]`.
-
-        Returns:
-            `(token_log_probs [b, s, V], hidden_states [b, s, d], cache)`.
-        """
-        hidden_states, cache = self._trunk_with_cache(
+        """KerasHub's cached forward pass for generation: `(token_log_probs
+        [b, s, V], hidden_states [b, s, d], cache)`; `cache` is float
+        `[b, num_layers, 2, max_length, num_kv_heads, head_dim]`."""
+        hidden_states, cache = self.hidden_states_with_cache(
             token_ids, cache, cache_update_index
         )
         return self.token_log_probs(hidden_states), hidden_states, cache
 
-    def _build_cache(self, token_ids):
-        """Builds and seeds the KV cache (the trunk only: the prompt's token
-        log-probs are not needed)."""
-        batch_size, max_length = (
-            ops.shape(token_ids)[0],
-            ops.shape(token_ids)[1],
+    def hidden_states_with_cache(self, token_ids, cache, cache_update_index):
+        """The trunk alone with a KV cache: `(hidden_states, cache)`."""
+        return inference.trunk_with_cache(
+            self.backbone, token_ids, cache, cache_update_index
         )
-        shape = [
-            batch_size,
-            self.backbone.num_layers,
-            2,
-            max_length,
-            self.backbone.num_key_value_heads,
-            self.backbone.head_dim,
-        ]
-        cache = ops.zeros(shape, dtype=self.compute_dtype)
-        hidden_states, cache = self._trunk_with_cache(token_ids, cache, 0)
-        return hidden_states, cache
+
+    def _build_cache(self, token_ids):
+        """Builds and seeds the KV cache: `(hidden_states, cache)`."""
+        cache = inference.empty_cache(
+            self.backbone, token_ids, self.compute_dtype
+        )
+        return self.hidden_states_with_cache(token_ids, cache, 0)
 
     def generate_step(self, inputs, stop_token_ids=None):
-        """One compiled generation call (KerasHub's `CausalLM` contract).
-
-        Greedy and top-k samplers pick tokens with
-        `keras_mhf.models.multi_hash_former.multi_hash_former_inference` (the bucket-candidate
-        search when `decoding="candidates"`, exact; the full scan when
-        `"full"`); every other sampler runs KerasHub's own loop on the full
-        distribution, as for KerasHub's Qwen3 (the loop only calls
-        `_build_cache`, `call_with_cache` and the sampler).
-        """
-        k = decoding_lib.sampler_top_k(self.sampler)
+        """One compiled generation call (KerasHub's contract). Greedy and
+        top-k samplers choose with the candidate search or the full scan
+        (`decoding`); other samplers draw from the full distribution."""
+        hidden_states, cache = self._build_cache(inputs["token_ids"])
+        k = inference.sampler_top_k(self.sampler)
         if k is None:
-            return Qwen3CausalLM.generate_step(self, inputs, stop_token_ids)
-        return decoding_lib.generate_step(self, inputs, stop_token_ids, k)
+            return inference.sampled_generate_step(
+                self, inputs, stop_token_ids, hidden_states, cache
+            )
+        return inference.top_k_generate_step(
+            self, inputs, stop_token_ids, cache, k
+        )
 
     def make_generate_function(self):
-        """KerasHub's compiled generation function, behind a host-side check
-        of the prompt's token ids (once per call, not per generated token);
-        counts of candidate-search fallbacks go to `decoding_statistics`."""
-        lookup = self.backbone.signature_lookup
-        key = (lookup.index_version, self.decoding, self.candidate_buckets)
-        if self.generate_function is not None and key == self._generate_key:
-            return self.generate_function
-        self.generate_function = None
-        compiled = super().make_generate_function()
-        vocabulary_size = self.backbone.vocabulary_size
-        statistics = self.decoding_statistics
-
-        def generate_function(inputs, stop_token_ids=None):
-            check_token_ids(inputs["token_ids"], vocabulary_size)
-            outputs = dict(compiled(inputs, stop_token_ids))
-            fallbacks = outputs.pop("candidate_fallbacks", None)
-            steps = outputs.pop("decoding_steps", None)
-            if steps is not None:
-                statistics.steps += int(ops.convert_to_numpy(steps))
-                statistics.fallbacks += int(ops.convert_to_numpy(fallbacks))
-            return outputs
-
-        self.generate_function = generate_function
-        self._generate_key = key
-        return generate_function
-
-    def generate(
-        self,
-        inputs,
-        max_length=None,
-        stop_token_ids="auto",
-        strip_prompt=False,
-        *,
-        max_new_tokens=None,
-        truncate=None,
-    ):
-        """KerasHub's `generate` with checked lengths (after checking the
-        tokenizer); see `keras_mhf.models.causal_lm_inputs.generate`.
-
-        Args:
-            inputs: strings (with a preprocessor) or token ids
-                `{"token_ids", "padding_mask"}`, or a `tf.data.Dataset`.
-            max_length: the total length (prompt, start token included, and
-                new tokens); no prompt may be longer, and not all may fill
-                it. Default: the preprocessor's `sequence_length` (token
-                ids: their width).
-            stop_token_ids: `"auto"`, `None` or a tuple of ids.
-            strip_prompt: return only the generated part.
-            max_new_tokens: instead of `max_length`: at most this many new
-                tokens per prompt; total length (and KV cache) = longest
-                prompt + `max_new_tokens`.
-            truncate: `None` refuses a prompt that does not fit; `"left"`
-                keeps its start token and last tokens.
-
-        Example:
-
-        ```python
-        lm.generate("The cell", max_new_tokens=8)
-        ```
-        """
-        self.check_tokenizer()
-        return causal_lm_inputs.generate(
-            self,
-            inputs,
-            max_length=max_length,
-            stop_token_ids=stop_token_ids,
-            strip_prompt=strip_prompt,
-            max_new_tokens=max_new_tokens,
-            truncate=truncate,
-        )
+        """KerasHub's compiled generation function behind a host-side check
+        of the prompt's ids; fallbacks are counted in `decoding_statistics`
+        (`inference.counted_generate_function`)."""
+        version = self.bucket_index.refresh(self.backbone.signature_lookup)
+        key = (version, self.decoding, self.candidate_buckets)
+        if self.generate_function is None or key != self._generate_key:
+            self.generate_function = None
+            self.generate_function = inference.counted_generate_function(
+                super().make_generate_function(),
+                self.backbone.vocabulary_size,
+                self.decoding_statistics,
+            )
+            self._generate_key = key
+        return self.generate_function
 
     def score(
         self,
@@ -600,109 +376,39 @@ class MultiHashFormerCausalLM(CausalLM):
         layer_intercept_fn=None,
         target_ids=None,
     ):
-        """Scores token sequences, like KerasHub's `CausalLM.score`.
-
-        Args:
-            token_ids: int `[b, s]`.
-            padding_mask: optional `[b, s]` mask (defaults to all ones).
-            scoring_mode: `"logits"` returns token log-probabilities over the
-                real vocabulary `[b, s, V]` (float32, already normalised:
-                `log_softmax` of them is the identity); `"loss"` returns the
-                per-token negative log-likelihood of `target_ids` `[b, s]`.
-            layer_intercept_fn: optional `fn(x, i)` applied to the input
-                embeddings (`i = -1`) and to each block's output (`i = 0..`).
-            target_ids: int `[b, s]`, required for `"loss"`.
-        """
-        if scoring_mode not in ("logits", "loss"):
-            raise ValueError(
-                "Unsupported scoring_mode. Must be one of 'logits' or 'loss'."
-            )
-        if scoring_mode == "loss" and target_ids is None:
-            raise ValueError(
-                "Cannot compute loss without targets. Please provide target "
-                "token ids via the target_ids parameter."
-            )
+        """KerasHub's `CausalLM.score`: `"logits"` gives token log-probs over
+        the real vocabulary `[b, s, V]` (float32, normalised); `"loss"` the
+        per-token negative log-likelihood of `target_ids` `[b, s]`, without
+        forming `[b, s, V]`. `layer_intercept_fn(x, i)` sees the embeddings
+        (`i = -1`) and each block's output."""
         self.check_tokenizer()
-        check_token_ids(token_ids, self.backbone.vocabulary_size)
-        if target_ids is not None:
-            check_token_ids(
-                target_ids, self.backbone.vocabulary_size, "Target ids"
-            )
-        if padding_mask is None:
-            padding_mask = ops.ones(ops.shape(token_ids)[:2], dtype="int32")
+        padding_mask = check_score_arguments(
+            self, token_ids, padding_mask, scoring_mode, target_ids
+        )
         if scoring_mode == "loss" and layer_intercept_fn is None:
-            from keras_mhf.next_token_scorer import target_losses
-
-            # Compiled once per model and shape (the eager vocabulary scan
-            # would be traced again on every call).
+            # Compiled once per model and shape.
             return ops.convert_to_tensor(
                 target_losses(self, token_ids, padding_mask, target_ids)
             )
-        if layer_intercept_fn is None:
-
-            def layer_intercept_fn(x, unused_i):
-                return x
-
-        x = layer_intercept_fn(self.backbone.embed(token_ids), -1)
-        for i, block in enumerate(self.backbone.transformer_layers):
-            x = layer_intercept_fn(
-                block(x, decoder_padding_mask=padding_mask), i
-            )
-        hidden_states = self.backbone.layer_norm(x)
+        hidden_states = inference.trunk(
+            self.backbone, token_ids, padding_mask, layer_intercept_fn
+        )
         if scoring_mode == "logits":
             return self.token_log_probs(hidden_states)
-        # Only the target's score and the normaliser: no [b, s, V] tensor.
         target_log_probs, _, _ = self.next_token_statistics(
             hidden_states, target_ids
         )
         return -target_log_probs
 
-    def export(
-        self,
-        filepath,
-        format="tf_saved_model",
-        verbose=None,
-        overwrite=False,
-        include_text_endpoints=None,
-        **kwargs,
-    ):
-        """Exports a TF SavedModel with `serve`, `score` and `generate`
-        endpoints on token ids and, with a tokenizer, `generate_text` and
-        `score_text` on strings; works from every backend. See
-        `keras_mhf.export`. Other formats go to `keras.Model.export`."""
-        if format != "tf_saved_model" or kwargs:
-            # Not `super()`: StandardCausalLM shares this method.
-            return keras.Model.export(
-                self, filepath, format=format, verbose=verbose, **kwargs
-            )
-        from keras_mhf.export import export_causal_lm
-
-        return export_causal_lm(
-            self,
-            filepath,
-            overwrite=overwrite,
-            include_text_endpoints=include_text_endpoints,
-            verbose=bool(verbose),
-        )
+    # --- Delegates ------------------------------------------------------------
 
     def export_to_transformers(
         self, path, overwrite=False, max_position_embeddings=32768
     ):
-        """Writes a Hugging Face checkpoint in the authors' format
-        (`config.json`, `model.safetensors`, `generation_config.json` and
-        the tokenizer files) that their `Qwen3ForCausalLM` loads and
-        `from_preset(path)` reads back; see
-        `keras_mhf.utils.transformers.export_multi_hash_former`. A quantized
-        model and an existing `path` (unless `overwrite`) are refused; the
-        write is atomic.
-
-        Example:
-
-        ```python
-        lm.export_to_transformers("exported_hf")
-        MultiHashFormerCausalLM.from_preset("exported_hf")
-        ```
-        """
+        """Writes a Hugging Face checkpoint in the authors' format that their
+        code and `from_preset(path)` load (atomic; a quantized model or an
+        existing `path` without `overwrite` is refused). See
+        `keras_mhf.utils.transformers.export_multi_hash_former`."""
         from keras_mhf.utils.transformers import export_multi_hash_former
 
         return export_multi_hash_former.export_causal_lm(
@@ -712,43 +418,26 @@ class MultiHashFormerCausalLM(CausalLM):
     def calibrate(
         self, data, batch_size=8, sequence_length=None, max_tokens=4096
     ):
-        """Fits `scoring_temperature` on held-out text and sets it.
+        """Fits and sets `scoring_temperature` on held-out `data` (a prepared
+        data directory, text files, documents or token blocks); returns the
+        report. See `keras_mhf.calibration.calibrate`."""
+        from keras_mhf.calibration import calibrate
 
-        The fit is exact (Newton's method on the convex held-out NLL as a
-        function of `1 / tau`) and needs one forward pass per block: the raw
-        scores `s(w)` are cached (`max_tokens x V` floats). Greedy output
-        never changes (a positive scale keeps the argmax); sampled and
-        scored probabilities become calibrated. See `keras_mhf.calibration`.
+        return calibrate(self, data, batch_size, sequence_length, max_tokens)
 
-        Args:
-            data: held-out data: a prepared data directory (its validation
-                split), a `.txt`/`.jsonl` file or directory, a list of
-                documents, or an int array of token blocks `[n, L+1]`.
-            batch_size: blocks per forward pass.
-            sequence_length: block length for text (default: the
-                preprocessor's, at most 512).
-            max_tokens: predicted positions used (at least 100).
+    def check_tokenizer(self, force=False):
+        """Raises a clear error if the attached tokenizer does not match the
+        signature table or tokenizes differently from the model's record
+        (`backbone.tokenization_fingerprint`); checked again whenever the
+        tokenizer's fingerprint changes, or with `force`."""
+        vocabulary.check_task_tokenizer(self, force)
 
-        Returns:
-            A report: `temperature`, `previous_temperature`, `tokens`, and
-            `paper_rule` / `before` / `after` metrics (`perplexity`, `loss`,
-            `accuracy`, `ece`: expected calibration error of the top-1
-            prediction, `mean_confidence`).
-
-        Example:
-
-        ```python
-        report = lm.calibrate(held_out_documents)
-        report["temperature"], report["after"]["perplexity"]
-        ```
-        """
-        from keras_mhf import calibration
-
-        report = calibration.calibrate(
-            self, data, batch_size, sequence_length, max_tokens
-        )
-        self.scoring_temperature = report["temperature"]
-        return report
+    def expand_vocabulary(self, new_tokens=None, tokenizer=None):
+        """A model for a larger vocabulary, with no new parameters (paper
+        Sec. 4.4): `new_tokens` (or the expanded `tokenizer`'s new pieces)
+        are appended and hashed with the same rule; every trained weight is
+        copied. See `multi_hash_former_vocabulary.expand_vocabulary`."""
+        return vocabulary.expand_vocabulary(self, new_tokens, tokenizer)
 
     def get_config(self):
         config = super().get_config()
@@ -760,46 +449,3 @@ class MultiHashFormerCausalLM(CausalLM):
             }
         )
         return config
-
-    # --- Vocabulary ---------------------------------------------------------
-
-    def check_tokenizer(self, force=False):
-        """Raises a clear error if the attached tokenizer does not match the
-        model's signature table, or tokenizes differently from the tokenizer
-        the model records (`backbone.tokenization_fingerprint`: same pieces,
-        other scores, types or normalizer).
-
-        The full check hashes the tokenizer's vocabulary; it runs whenever the
-        attached tokenizer's `tokenization_fingerprint` differs from the last
-        one that passed, or when `force` is set.
-        """
-        tokenizer = getattr(self.preprocessor, "tokenizer", None)
-        if tokenizer is None:
-            return
-        fingerprint = vocabulary.tokenization_fingerprint(tokenizer)
-        if fingerprint is None or (
-            fingerprint == self._verified_tokenizer and not force
-        ):
-            return
-        vocabulary.check_tokenizer(self.backbone, tokenizer)
-        self._verified_tokenizer = fingerprint
-
-    def expand_vocabulary(self, new_tokens=None, tokenizer=None):
-        """Returns a model for a larger vocabulary, with no new parameters.
-
-        New tokens are appended after the old ids and hashed with the same
-        rule and seeds (paper Sec. 4.4), so every old signature, and so the
-        old tokens' behaviour, is unchanged. Every trained weight is copied
-        (by weight path) into the returned model.
-
-        Args:
-            new_tokens: list of new token strings (appended in order).
-            tokenizer: alternatively, the expanded `MultiHashFormerTokenizer`:
-                its first `V` pieces must be the current vocabulary, and the
-                rest are the new tokens. It becomes the new model's tokenizer;
-                without it the returned model has no preprocessor.
-
-        Returns:
-            A new `MultiHashFormerCausalLM`.
-        """
-        return vocabulary.expand_vocabulary(self, new_tokens, tokenizer)

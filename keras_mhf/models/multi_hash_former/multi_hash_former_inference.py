@@ -1,39 +1,279 @@
-"""Exact next-token decoding that does not scan the vocabulary.
+"""MultiHashFormer inference (paper Sec. 3.4, "Inference Phase"): from the
+cascade's per-head bucket logits to tokens. Scoring, generation, evaluation,
+calibration and export all go through this module.
 
-The score of a token is additive over heads, `s(w) = sum_i log p_i(h_i(w))`,
-and each head's `log p_i` over its `B` buckets is known before any token is
-scored. For greedy and top-k generation, `candidate_top_k` takes each head's
-top-`K` buckets, collects the tokens that sit in them (through the inverted
-index `SignatureLookup.bucket_tokens` / `bucket_starts`; a token found through
+The score of a token is additive over heads, `s(w) = sum_i log p_i(h_i(w))`
+(`token_scores`, the one place the heads are summed, always in head order so
+that every path gives the same floats), and the distribution is
+`log_softmax_V(s(w) / tau)` (`token_log_probs`). `vocabulary_statistics`
+scans the vocabulary in chunks with an online log-sum-exp, so scoring and
+evaluation never form `[..., V]`.
+
+For greedy and top-k generation, `candidate_top_k` does not scan the
+vocabulary: it takes each head's top-`K` buckets, collects the tokens that sit
+in them through the inverted index (`BucketIndex`; a token found through
 several heads is kept once), scores only those candidates exactly, and
 certifies the answer: a token outside the candidates has, in every head, a
 bucket outside that head's top `K`, so `s(w) <= sum_i t_i` with `t_i` the
 head's `(K+1)`-th best log-probability (float addition is monotone, so the
 bound also holds in float32). If the k-th best candidate beats the bound the
 candidates' top-k is the vocabulary's; otherwise the step falls back to the
-full scan (`full_top_k`) inside the same compiled step.
-
-Both decodings share everything else (scores summed in the same head order,
-ties broken towards the lowest token id, the same sampling code), so
-`decoding="candidates"` returns exactly the tokens of `decoding="full"` for
-the greedy and top-k samplers. Other samplers need the whole distribution and
-use KerasHub's own samplers on `log_softmax_V(s / tau)`.
+full scan (`full_top_k`) inside the same compiled step. Both decodings break
+ties towards the lowest token id and sample with the same code, so
+`decoding="candidates"` returns exactly the tokens of `decoding="full"`.
+Other samplers need the whole distribution and use KerasHub's samplers on
+`log_softmax_V(s / tau)` (`sampled_generate_step`).
 """
 
+import keras
 import keras_hub
+import numpy as np
 from keras import ops
 from keras import random
-from keras_hub.src.utils.tensor_utils import any_equal
+
+from keras_mhf.utils.keras_utils import check_positive_ints
+from keras_mhf.utils.token_ids import check_token_ids
 
 # Candidates aimed at per row when K is chosen automatically.
 CANDIDATE_BUDGET = 4096
 # With K chosen automatically, vocabularies up to this size are scanned
-# whole: measured on CPU (JAX, d=128, H4 B16384, tools/benchmark.py
-# --inference vocabulary), the full scan took 2.7 ms per token at 32K and
-# 2.5 ms at 131K against the search's 3.5 and 3.9 ms; at 1M the search took
-# 3.5 ms against 7.2 ms. Both give the same tokens.
+# whole (the search is faster only above it; tools/benchmark.py --inference
+# vocabulary measures the crossover). Both give the same tokens.
 CANDIDATE_MIN_VOCABULARY = 2**18
 MIN_CANDIDATE_BUCKETS, MAX_CANDIDATE_BUCKETS = 4, 64
+DECODINGS = ("candidates", "full")
+# Scores held at a time by the vocabulary scan (16 MB of float32).
+SCAN_SCORES = 1 << 22
+
+
+# --- Token scores ------------------------------------------------------------
+
+
+def head_log_probs(bucket_logits):
+    """Bucket logits `[..., H, B]` -> per-head log-probs `[..., H, B]`
+    (float32; a log-softmax over `B` leaves log-probs unchanged)."""
+    return ops.log_softmax(ops.cast(bucket_logits, "float32"), axis=-1)
+
+
+def sum_over_heads(num_hashes, head_score):
+    """`head_score(0) + head_score(1) + ... + head_score(H - 1)`, in this
+    order: the one sum over heads of `s(w)` (Sec. 3.4)."""
+    total = None
+    for i in range(num_hashes):
+        part = head_score(i)
+        total = part if total is None else total + part
+    return total
+
+
+def token_scores(log_probs, signatures, per_position=False):
+    """Raw scores `s(w) = sum_i log p_i(h_i(w))` of a set of rows.
+
+    Args:
+        log_probs: float32 `[..., H, B]` per-head log-probs.
+        signatures: int `[n, H]`, the same `n` rows for every position
+            (e.g. the whole table: `[..., V]` scores), or, with
+            `per_position`, `[..., n, H]` rows of each position.
+        per_position: see `signatures`.
+
+    Returns:
+        float32 `[..., n]`.
+    """
+    signatures = ops.cast(signatures, "int32")
+    num_hashes = ops.shape(signatures)[-1]
+
+    def head_score(i):
+        if per_position:
+            return ops.take_along_axis(
+                log_probs[..., i, :], signatures[..., i], axis=-1
+            )
+        return ops.take(log_probs[..., i, :], signatures[:, i], axis=-1)
+
+    return sum_over_heads(num_hashes, head_score)
+
+
+def token_log_probs(log_probs, signatures, temperature=1.0):
+    """`log_softmax_V(s(w) / temperature)` over the rows of the whole table
+    `signatures [V, H]`: `[..., V]` float32."""
+    scores = token_scores(log_probs, signatures)
+    if temperature != 1.0:  # 1.0: exactly the paper's rule
+        scores = scores / temperature
+    return ops.log_softmax(scores, axis=-1)
+
+
+def _scan_chunk(positions):
+    """Tokens per chunk of `vocabulary_statistics`: about `SCAN_SCORES`
+    scores at a time, a power of two between 256 and 65536."""
+    if positions is None:
+        return 4096
+    fit = int(np.log2(max(1, SCAN_SCORES // positions)))
+    return int(2 ** max(8, min(16, fit)))
+
+
+def vocabulary_statistics(
+    log_probs, signatures, targets, temperature=1.0, with_argmax=True
+):
+    """Per-position `(target log-prob, top log-prob, argmax id)` under
+    `log_softmax_V(s(w) / temperature)`, without forming `[..., V]`.
+
+    The vocabulary is scanned in chunks that stay in cache, with an online
+    log-sum-exp; each head's log-probs are laid out `[B, n]` so that gathering
+    a chunk of tokens reads whole contiguous rows. The same numbers as
+    `token_log_probs` (to float32 rounding of the normaliser); argmax ties go
+    to the lowest token id.
+
+    Args:
+        log_probs: float32 `[..., H, B]` per-head log-probs.
+        signatures: int `[V, H]`, the signature table.
+        targets: int `[...]` token ids.
+        temperature: the scoring temperature `tau`.
+        with_argmax: if `False`, the argmax is not tracked (returned as -1).
+
+    Returns:
+        `(target, best, best_id)`, each `[...]`.
+    """
+    batch_shape = ops.shape(targets)
+    vocabulary_size, num_hashes = signatures.shape
+    num_buckets = log_probs.shape[-1]
+    log_probs = ops.reshape(log_probs, (-1, num_hashes, num_buckets))
+    targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
+    positions = ops.shape(log_probs)[0]
+    columns = [ops.transpose(log_probs[:, i, :]) for i in range(num_hashes)]
+    static = log_probs.shape[0]
+    chunk = _scan_chunk(static if isinstance(static, int) else None)
+    chunks = -(-vocabulary_size // chunk)
+    padded = chunks * chunk != vocabulary_size
+    table = ops.pad(
+        ops.cast(signatures, "int32"),
+        [[0, chunks * chunk - vocabulary_size], [0, 0]],
+    )
+    temperature = float(temperature)
+
+    def body(c, carry):
+        running_max, total, best, best_id = carry
+        rows = ops.slice(table, [c * chunk, 0], [chunk, num_hashes])
+        scores = sum_over_heads(
+            num_hashes, lambda i: ops.take(columns[i], rows[:, i], axis=0)
+        )  # [chunk, n]
+        if temperature != 1.0:
+            scores = scores / temperature
+        if padded:  # rows past the vocabulary never count
+            ids = c * chunk + ops.arange(chunk, dtype="int32")
+            real = (ids < vocabulary_size)[:, None]
+            scores = ops.where(real, scores, float("-inf"))
+        chunk_max = ops.max(scores, axis=0)
+        new_max = ops.maximum(running_max, chunk_max)
+        total = total * ops.exp(running_max - new_max) + ops.sum(
+            ops.exp(scores - new_max[None, :]), axis=0
+        )
+        if with_argmax:
+            chunk_id = ops.cast(ops.argmax(scores, axis=0), "int32")
+            chunk_id = chunk_id + c * chunk
+            best_id = ops.where(chunk_max > best, chunk_id, best_id)
+        best = ops.maximum(best, chunk_max)
+        return new_max, total, best, best_id
+
+    minus_inf = ops.full((positions,), float("-inf"), "float32")
+    init = (
+        minus_inf,
+        ops.zeros((positions,), "float32"),
+        minus_inf,
+        ops.full((positions,), -1, "int32"),
+    )
+    running_max, total, best, best_id = ops.fori_loop(0, chunks, body, init)
+    normaliser = running_max + ops.log(total)
+    target_rows = ops.take(table, targets, axis=0)[:, None, :]
+    target = token_scores(log_probs, target_rows, per_position=True)[:, 0]
+    if temperature != 1.0:
+        target = target / temperature
+    return (
+        ops.reshape(target - normaliser, batch_shape),
+        ops.reshape(best - normaliser, batch_shape),
+        ops.reshape(best_id, batch_shape),
+    )
+
+
+# --- The inverted bucket index --------------------------------------------
+
+
+class BucketIndex(keras.layers.Layer):
+    """The inverted index of a signature table (bucket -> tokens), per head,
+    in CSR form: `bucket_tokens[i]` lists the token ids sorted by their head-i
+    bucket and `bucket_starts[i][b]` is where bucket b starts.
+
+    Derived from the table, never saved: `refresh(lookup)` rebuilds it
+    whenever the lookup's `table_version` changed (on the host, before
+    generation is compiled). Non-trainable variables, so compiled generation
+    receives it as state rather than as constants.
+
+    Args:
+        vocabulary_size: int, `V`.
+        num_hashes: int, `H`.
+        num_buckets: int, `B`.
+        **kwargs: standard `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, vocabulary_size, num_hashes, num_buckets, **kwargs):
+        super().__init__(**kwargs)
+        self.vocabulary_size = int(vocabulary_size)
+        self.num_hashes = int(num_hashes)
+        self.num_buckets = int(num_buckets)
+        self.table_version = None
+        self.max_bucket_load = (1,) * self.num_hashes
+
+    def build(self, input_shape=None):
+        def int_weight(name, size):
+            return self.add_weight(
+                name=name,
+                shape=(size,),
+                dtype="int32",
+                initializer="zeros",
+                trainable=False,
+            )
+
+        heads = range(self.num_hashes)
+        self.bucket_tokens = [
+            int_weight(f"bucket_tokens_{i}", self.vocabulary_size)
+            for i in heads
+        ]
+        self.bucket_starts = [
+            int_weight(f"bucket_starts_{i}", self.num_buckets + 1)
+            for i in heads
+        ]
+        self.built = True
+
+    def refresh(self, lookup):
+        """Rebuilds the index from `lookup`'s table if it changed since the
+        last refresh; returns the table version it describes."""
+        if not self.built:
+            self.build()
+        if self.table_version == lookup.table_version:
+            return self.table_version
+        table = lookup.get_signatures()
+        loads = []
+        for i in range(self.num_hashes):
+            order = np.argsort(table[:, i], kind="stable").astype("int32")
+            counts = np.bincount(table[:, i], minlength=self.num_buckets)
+            starts = np.concatenate([[0], np.cumsum(counts)]).astype("int32")
+            self.bucket_tokens[i].assign(order)
+            self.bucket_starts[i].assign(starts)
+            loads.append(int(counts.max()))
+        # Python ints: compiled decoding reads them as static shapes.
+        self.max_bucket_load = tuple(loads)
+        self.table_version = lookup.table_version
+        return self.table_version
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        """Nothing to quantize (int token ids)."""
+
+    def save_own_variables(self, store):
+        """Nothing to save: the index is derived from the table."""
+
+    def load_own_variables(self, store):
+        """Nothing to load; the next `refresh` rebuilds the index."""
+        self.table_version = None
+
+
+# --- Candidate decoding ------------------------------------------------------
 
 
 class DecodingStatistics:
@@ -58,6 +298,21 @@ class DecodingStatistics:
         )
 
 
+def check_decoding(decoding, candidate_buckets):
+    """The task's decoding settings: returns `candidate_buckets` as an int
+    (or `None`), with a clear error for a bad value."""
+    if decoding not in DECODINGS:
+        raise ValueError(
+            f"decoding must be one of {DECODINGS}; got {decoding!r}."
+        )
+    if candidate_buckets is None:
+        return None
+    check_positive_ints(
+        "MultiHashFormerCausalLM", candidate_buckets=candidate_buckets
+    )
+    return int(candidate_buckets)
+
+
 def automatic_candidate_buckets(max_bucket_loads):
     """`K` from the table: about `CANDIDATE_BUDGET` candidates per row,
     between 4 and 64 buckets per head."""
@@ -76,13 +331,6 @@ def sampler_top_k(sampler):
     return None
 
 
-def head_log_probs(causal_lm, hidden_states):
-    """Final hidden states `[b, d]` -> per-head bucket log-probs `[b, H, B]`
-    (float32)."""
-    logits = ops.cast(causal_lm.bucket_logits(hidden_states), "float32")
-    return ops.log_softmax(logits, axis=-1)
-
-
 def _top_k_lowest_id(scores, token_ids, k):
     """The `k` best `(score, token id)` pairs per row, best first, equal
     scores ordered by token id. `scores`, `token_ids`: `[b, n]`."""
@@ -98,74 +346,68 @@ def _top_k_lowest_id(scores, token_ids, k):
     return ops.stack(values, axis=-1), ops.stack(chosen, axis=-1)
 
 
-def full_scores(lookup, log_probs):
-    """`s(w)` for all V tokens `[b, V]`, summed over heads in order (as
-    `SignatureLookup.token_log_probs`)."""
-    table = ops.convert_to_tensor(lookup.signatures)
-    scores = None
-    for i in range(lookup.num_hashes):
-        head = ops.take(log_probs[:, i, :], table[:, i], axis=-1)
-        scores = head if scores is None else scores + head
-    return scores
-
-
-def full_top_k(lookup, log_probs, k):
-    """Top-k of the whole vocabulary (the reference and the fallback)."""
-    scores = full_scores(lookup, log_probs)
-    batch = ops.shape(scores)[0]
+def full_top_k(signatures, log_probs, k):
+    """Top-k of the whole vocabulary (the reference and the fallback):
+    `(values [b, k], ids [b, k])` for log-probs `[b, H, B]`."""
+    scores = token_scores(log_probs, signatures)
+    vocabulary_size = signatures.shape[0]
     ids = ops.broadcast_to(
-        ops.arange(lookup.vocabulary_size, dtype="int32")[None, :],
-        (batch, lookup.vocabulary_size),
+        ops.arange(vocabulary_size, dtype="int32")[None, :],
+        ops.shape(scores),
     )
     return _top_k_lowest_id(scores, ids, k)
 
 
-def candidate_top_k(lookup, log_probs, k, candidate_buckets):
+def _head_candidates(index, head, top_buckets, vocabulary_size):
+    """Tokens in head `head`'s top buckets `[b, K]`: `(tokens [b, n],
+    inside [b, n])`, `inside` false for the padding of smaller buckets."""
+    width = index.max_bucket_load[head]
+    starts = ops.take(index.bucket_starts[head], top_buckets, axis=0)
+    ends = ops.take(index.bucket_starts[head], top_buckets + 1, axis=0)
+    positions = starts[..., None] + ops.arange(width, dtype="int32")
+    inside = positions < ends[..., None]  # [b, K, width]
+    positions = ops.minimum(positions, vocabulary_size - 1)
+    tokens = ops.take(index.bucket_tokens[head], positions, axis=0)
+    tokens = ops.reshape(tokens, (ops.shape(tokens)[0], -1))
+    return tokens, ops.reshape(inside, ops.shape(tokens))
+
+
+def candidate_top_k(signatures, index, log_probs, k, candidate_buckets):
     """Top-k from the candidates of each head's top `candidate_buckets`
     buckets: `(values [b, k], ids [b, k], certified)`, `certified` a scalar
     bool that is true when every row's answer is provably the vocabulary's
-    (see the module docstring)."""
-    table = ops.convert_to_tensor(lookup.signatures)
-    vocabulary = lookup.vocabulary_size
-    heads = lookup.num_hashes
-    top_buckets, bound = [], None
+    (see the module docstring). `index` is the table's `BucketIndex`."""
+    table = ops.convert_to_tensor(signatures)
+    vocabulary_size, heads = signatures.shape
+    top_buckets, thresholds = [], []
     for i in range(heads):
         head = log_probs[:, i, :]
         # Two top-k calls whose outputs are used whole: XLA:CPU lowers a
-        # top-k whose outputs are sliced to a full sort (40x slower here).
+        # top-k whose outputs are sliced to a full sort.
         _, buckets = ops.top_k(head, candidate_buckets)
         values, _ = ops.top_k(head, candidate_buckets + 1)
         top_buckets.append(buckets)
-        threshold = ops.min(values, axis=-1)  # the (K+1)-th best
-        bound = threshold if bound is None else bound + threshold
+        thresholds.append(ops.min(values, axis=-1))  # the (K+1)-th best
+    bound = sum_over_heads(heads, lambda i: thresholds[i])
     candidates, valid = [], []
     for i in range(heads):
-        width = lookup.max_bucket_load[i]
-        starts = ops.take(lookup.bucket_starts[i], top_buckets[i], axis=0)
-        ends = ops.take(lookup.bucket_starts[i], top_buckets[i] + 1, axis=0)
-        positions = starts[..., None] + ops.arange(width, dtype="int32")
-        inside = positions < ends[..., None]  # [b, K, width]
-        positions = ops.minimum(positions, vocabulary - 1)
-        tokens = ops.take(lookup.bucket_tokens[i], positions, axis=0)
-        tokens = ops.reshape(tokens, (ops.shape(tokens)[0], -1))
-        inside = ops.reshape(inside, ops.shape(tokens))
-        signatures = ops.take(table, tokens, axis=0)  # [b, n, H]
+        tokens, inside = _head_candidates(
+            index, i, top_buckets[i], vocabulary_size
+        )
+        rows = ops.take(table, tokens, axis=0)  # [b, n, H]
         # Keep a token once: drop it from head i if an earlier head's top
         # buckets already hold it.
         for j in range(i):
             seen = ops.any(
-                signatures[..., j, None] == top_buckets[j][:, None, :], axis=-1
+                rows[..., j, None] == top_buckets[j][:, None, :], axis=-1
             )
             inside = ops.logical_and(inside, ops.logical_not(seen))
         candidates.append(tokens)
         valid.append(inside)
     tokens = ops.concatenate(candidates, axis=-1)
     valid = ops.concatenate(valid, axis=-1)
-    signatures = ops.take(table, tokens, axis=0)
-    scores = None
-    for i in range(heads):
-        head = ops.take_along_axis(log_probs[:, i, :], signatures[..., i], -1)
-        scores = head if scores is None else scores + head
+    rows = ops.take(table, tokens, axis=0)
+    scores = token_scores(log_probs, rows, per_position=True)
     scores = ops.where(valid, scores, float("-inf"))
     values, ids = _top_k_lowest_id(scores, tokens, k)
     certified = ops.all(values[:, -1] > bound)
@@ -184,24 +426,35 @@ def uses_candidate_search(causal_lm):
     return vocabulary_size > CANDIDATE_MIN_VOCABULARY
 
 
+def resolved_candidate_buckets(candidate_buckets, index, num_buckets):
+    """`K`: `candidate_buckets`, or chosen from the index's bucket loads
+    (about `CANDIDATE_BUDGET` candidates per row); below `num_buckets`."""
+    if candidate_buckets is None:
+        candidate_buckets = automatic_candidate_buckets(index.max_bucket_load)
+    return min(candidate_buckets, num_buckets - 1)
+
+
 def next_token(causal_lm, hidden_states, sampler, k):
     """One step: `(next token ids [b], fell back to the full scan)`."""
     lookup = causal_lm.backbone.signature_lookup
-    log_probs = head_log_probs(causal_lm, hidden_states)
+    signatures = lookup.signatures
+    log_probs = head_log_probs(causal_lm.bucket_logits(hidden_states))
     if uses_candidate_search(causal_lm):
         buckets = min(
             max(causal_lm.resolved_candidate_buckets(), k),
             lookup.num_buckets - 1,
         )
-        values, ids, certified = candidate_top_k(lookup, log_probs, k, buckets)
+        values, ids, certified = candidate_top_k(
+            signatures, causal_lm.bucket_index, log_probs, k, buckets
+        )
         values, ids = ops.cond(
             certified,
             lambda: (values, ids),
-            lambda: full_top_k(lookup, log_probs, k),
+            lambda: full_top_k(signatures, log_probs, k),
         )
         fallback = ops.cast(ops.logical_not(certified), "int32")
     else:
-        values, ids = full_top_k(lookup, log_probs, k)
+        values, ids = full_top_k(signatures, log_probs, k)
         fallback = ops.convert_to_tensor(0, "int32")
     if k == 1:
         return ids[:, 0], fallback
@@ -212,13 +465,111 @@ def next_token(causal_lm, hidden_states, sampler, k):
     return ops.take_along_axis(ids, picked, axis=-1)[:, 0], fallback
 
 
-def generate_step(causal_lm, inputs, stop_token_ids, k):
+# --- The trunk, and the trunk with a KV cache --------------------------------
+
+
+def trunk(backbone, token_ids, padding_mask, layer_intercept_fn=None):
+    """The backbone's forward pass (embedding, blocks, final norm) with
+    KerasHub's `layer_intercept_fn(x, i)` on the embeddings (`i = -1`) and
+    on each block's output: final hidden states `[b, s, d]`."""
+    if layer_intercept_fn is None:
+
+        def layer_intercept_fn(x, unused_i):
+            return x
+
+    x = layer_intercept_fn(backbone.embed(token_ids), -1)
+    for i, block in enumerate(backbone.transformer_layers):
+        x = layer_intercept_fn(block(x, decoder_padding_mask=padding_mask), i)
+    return backbone.layer_norm(x)
+
+
+def trunk_with_cache(backbone, token_ids, cache, cache_update_index):
+    """The trunk on `token_ids [b, s]` with a KV cache `[b, num_layers, 2,
+    max_length, num_kv_heads, head_dim]`: `(hidden_states, cache)`."""
+    x = backbone.embed(token_ids)
+    updated = []
+    for i, block in enumerate(backbone.transformer_layers):
+        x, next_cache = block(
+            x,
+            self_attention_cache=cache[:, i, ...],
+            self_attention_cache_update_index=cache_update_index,
+        )
+        updated.append(next_cache)
+    return backbone.layer_norm(x), ops.stack(updated, axis=1)
+
+
+def empty_cache(backbone, token_ids, dtype):
+    """A zero KV cache for prompts `token_ids [b, max_length]`."""
+    batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+    shape = [
+        batch_size,
+        backbone.num_layers,
+        2,
+        max_length,
+        backbone.num_key_value_heads,
+        backbone.head_dim,
+    ]
+    return ops.zeros(shape, dtype=dtype)
+
+
+# --- Generation loops --------------------------------------------------------
+
+
+def counted_generate_function(compiled, vocabulary_size, statistics):
+    """Wraps KerasHub's compiled generation function: checks the prompt's
+    token ids on the host (once per call, not per token) and adds the
+    candidate-search fallbacks of the call to `statistics`."""
+
+    def generate_function(inputs, stop_token_ids=None):
+        check_token_ids(inputs["token_ids"], vocabulary_size)
+        outputs = dict(compiled(inputs, stop_token_ids))
+        fallbacks = outputs.pop("candidate_fallbacks", None)
+        steps = outputs.pop("decoding_steps", None)
+        if steps is not None:
+            statistics.steps += int(ops.convert_to_numpy(steps))
+            statistics.fallbacks += int(ops.convert_to_numpy(fallbacks))
+        return outputs
+
+    return generate_function
+
+
+def _any_stop_token(token_ids, stop_token_ids, mask):
+    """`[b, s]` bool: a stop token at a generated (unmasked) position."""
+    hits = ops.zeros_like(token_ids, dtype="bool")
+    for stop in stop_token_ids:
+        hits = ops.logical_or(hits, token_ids == stop)
+    return ops.logical_and(hits, mask)
+
+
+def _outputs(token_ids, stop_token_ids, mask, **extra):
+    """KerasHub's generation outputs: the ids and a padding mask that ends
+    after each row's first generated stop token."""
+    if stop_token_ids is None:
+        padding_mask = ops.ones_like(token_ids, dtype="bool")
+    else:
+        ends = ops.cast(
+            _any_stop_token(token_ids, stop_token_ids, ops.logical_not(mask)),
+            "int32",
+        )
+        overflow = ops.cast(ops.cumsum(ends, axis=-1), "int32") - ends
+        padding_mask = ops.logical_not(ops.cast(overflow, "bool"))
+    return {"token_ids": token_ids, "padding_mask": padding_mask, **extra}
+
+
+def _stopped(prompt, stop_token_ids, mask):
+    if stop_token_ids is None:
+        return ops.convert_to_tensor(True, dtype="bool")
+    ends = _any_stop_token(prompt, stop_token_ids, ops.logical_not(mask))
+    return ops.logical_not(ops.all(ops.any(ends, axis=-1)))
+
+
+def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
     """KerasHub's generation loop (prompt mask, stop tokens, KV cache) with
-    the greedy / top-k choice made by `next_token`. Returns the usual
-    outputs plus `"candidate_fallbacks"` (steps that scanned the whole
-    vocabulary) and `"decoding_steps"`."""
+    the greedy / top-k choice made by `next_token`. `cache` is the prompt's
+    (`causal_lm._build_cache`). Returns the usual outputs plus
+    `"candidate_fallbacks"` (steps that scanned the whole vocabulary) and
+    `"decoding_steps"`."""
     token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
-    _, cache = causal_lm._build_cache(token_ids)
     row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
     index = ops.cast(ops.min(row_lengths), "int32")
     max_length = ops.cast(ops.shape(token_ids)[-1], "int32")
@@ -226,15 +577,14 @@ def generate_step(causal_lm, inputs, stop_token_ids, k):
     sampler = causal_lm.sampler
 
     def cond(prompt, cache, index, fallbacks, steps):
-        if stop_token_ids is None:
-            return ops.convert_to_tensor(True, dtype="bool")
-        end_tokens = any_equal(prompt, stop_token_ids, ops.logical_not(mask))
-        return ops.logical_not(ops.all(ops.any(end_tokens, axis=-1)))
+        return _stopped(prompt, stop_token_ids, mask)
 
     def body(prompt, cache, index, fallbacks, steps):
         batch_size = ops.shape(prompt)[0]
         previous = ops.slice(prompt, [0, index - 1], [batch_size, 1])
-        hidden, cache = causal_lm._trunk_with_cache(previous, cache, index - 1)
+        hidden, cache = causal_lm.hidden_states_with_cache(
+            previous, cache, index - 1
+        )
         chosen, fallback = next_token(causal_lm, hidden[:, 0], sampler, k)
         chosen = ops.cast(chosen, prompt.dtype)
         chosen = ops.where(mask[:, index], prompt[:, index], chosen)
@@ -249,19 +599,41 @@ def generate_step(causal_lm, inputs, stop_token_ids, k):
         maximum_iterations=max_length - index,
         model=causal_lm,
     )
-    if stop_token_ids is not None:
-        end_locations = any_equal(
-            token_ids, stop_token_ids, ops.logical_not(mask)
+    return _outputs(
+        token_ids,
+        stop_token_ids,
+        mask,
+        candidate_fallbacks=fallbacks,
+        decoding_steps=steps,
+    )
+
+
+def sampled_generate_step(causal_lm, inputs, stop_token_ids, hidden, cache):
+    """KerasHub's `generate_step` (as its Qwen3 task writes it) for samplers
+    that need the whole distribution: the sampler draws from
+    `causal_lm.call_with_cache`'s token log-probs `[b, V]`. `hidden` and
+    `cache` are the prompt's (`causal_lm._build_cache`)."""
+    token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+    row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
+    index = ops.min(row_lengths)
+
+    def next(prompt, cache, index):
+        cache_update_index = index - 1
+        batch_size = ops.shape(prompt)[0]
+        prompt = ops.slice(prompt, [0, cache_update_index], [batch_size, 1])
+        log_probs, hidden, cache = causal_lm.call_with_cache(
+            prompt, cache, cache_update_index
         )
-        end_locations = ops.cast(end_locations, "int32")
-        cumsum = ops.cast(ops.cumsum(end_locations, axis=-1), "int32")
-        overflow = cumsum - end_locations
-        padding_mask = ops.logical_not(ops.cast(overflow, "bool"))
-    else:
-        padding_mask = ops.ones_like(token_ids, dtype="bool")
-    return {
-        "token_ids": token_ids,
-        "padding_mask": padding_mask,
-        "candidate_fallbacks": fallbacks,
-        "decoding_steps": steps,
-    }
+        return ops.squeeze(log_probs, axis=1), ops.squeeze(hidden, 1), cache
+
+    token_ids = causal_lm.sampler(
+        next=next,
+        prompt=token_ids,
+        cache=cache,
+        index=index,
+        mask=padding_mask,
+        stop_token_ids=stop_token_ids,
+        hidden_states=hidden,
+        model=causal_lm,
+    )
+    return _outputs(token_ids, stop_token_ids, ops.cast(padding_mask, "bool"))

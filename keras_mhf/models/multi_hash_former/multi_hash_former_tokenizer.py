@@ -34,9 +34,15 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
     Example:
 
     ```python
-    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(
-        "../shared/data/mistral_v03_tokenizer/tokenizer.model"
+    import io
+    import sentencepiece as spm
+
+    model = io.BytesIO()  # or pass the path of a `.model` file
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["The quick brown fox jumps."] * 20),
+        model_writer=model, vocab_size=24, minloglevel=2,
     )
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
     tokenizer("The quick brown fox.")
     ```
     """

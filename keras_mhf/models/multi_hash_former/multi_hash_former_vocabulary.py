@@ -16,6 +16,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     parse_architecture,
 )
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import copy_weights_by_path
 
 
@@ -67,6 +68,67 @@ def build_backbone(
         dtype=dtype,
         **config,
     )
+
+
+def causal_lm_from_tokens(
+    task_cls,
+    tokens,
+    architecture,
+    pad_token_id=None,
+    signature_rule="unique",
+    dtype=None,
+    **kwargs,
+):
+    """See `MultiHashFormerCausalLM.from_tokens`: `kwargs` holds backbone
+    overrides and the task's own arguments (`scoring_temperature`, ...)."""
+    task_names = set(argument_names(task_cls)) - {"backbone", "preprocessor"}
+    task_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in task_names}
+    backbone = build_backbone(
+        task_cls.backbone_cls,
+        tokens,
+        architecture,
+        pad_token_id=pad_token_id,
+        signature_rule=signature_rule,
+        dtype=dtype,
+        **kwargs,
+    )
+    return task_cls(backbone=backbone, preprocessor=None, **task_kwargs)
+
+
+def causal_lm_from_tokenizer(
+    task_cls, tokenizer, architecture, sequence_length, **kwargs
+):
+    """See `MultiHashFormerCausalLM.from_tokenizer`."""
+    # The model records how its tokenizer tokenizes (check_tokenizer).
+    fingerprint = tokenization_fingerprint(tokenizer)
+    kwargs.setdefault("tokenization_fingerprint", fingerprint)
+    model = causal_lm_from_tokens(
+        task_cls,
+        tokenizer.get_vocabulary(),
+        architecture,
+        pad_token_id=tokenizer.signature_pad_token_id,
+        **kwargs,
+    )
+    model.preprocessor = task_cls.preprocessor_cls(
+        tokenizer, sequence_length=sequence_length
+    )
+    # The table was just hashed from this tokenizer's vocabulary.
+    model._verified_tokenizer = fingerprint
+    return model
+
+
+def check_task_tokenizer(lm, force=False):
+    """See `MultiHashFormerCausalLM.check_tokenizer`."""
+    tokenizer = getattr(lm.preprocessor, "tokenizer", None)
+    if tokenizer is None:
+        return
+    fingerprint = tokenization_fingerprint(tokenizer)
+    if fingerprint is None or (
+        fingerprint == lm._verified_tokenizer and not force
+    ):
+        return
+    check_tokenizer(lm.backbone, tokenizer)
+    lm._verified_tokenizer = fingerprint
 
 
 # What a SentencePiece model's encoder and decoder read, besides its pieces.
@@ -308,9 +370,13 @@ def expand_vocabulary(lm, new_tokens=None, tokenizer=None):
             add_end_token=old.add_end_token if old else True,
         )
     expanded = type(lm)(new_backbone, preprocessor, **_task_arguments(lm))
-    # The table (and its inverted index) is new; every other weight is copied.
+    # The table (and the index derived from it) is new; every other weight
+    # is copied.
     copy_weights_by_path(
-        lm, expanded, skip=new_backbone.signature_lookup.weights
+        lm,
+        expanded,
+        skip=new_backbone.signature_lookup.weights
+        + expanded.bucket_index.weights,
     )
     return expanded
 

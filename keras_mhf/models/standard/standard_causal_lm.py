@@ -3,27 +3,25 @@
 import keras
 from keras_hub.models import Qwen3CausalLM
 
-from keras_mhf.models import causal_lm_inputs
+from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     parse_architecture,
-)
-from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
-    MultiHashFormerCausalLM,
 )
 from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.standard.standard_backbone import StandardBackbone
-from keras_mhf.utils.keras_utils import text_fit
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
-class StandardCausalLM(Qwen3CausalLM):
+class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
     """KerasHub's `Qwen3CausalLM` on a `StandardBackbone`.
 
-    Generation, scoring and the KV cache are KerasHub's own Qwen3 code; only
-    the backbone (the same `Qwen3DecoderBlock` trunk as MultiHashFormer) and
-    the default loss differ: a token cross-entropy averaged over unmasked
+    Generation, scoring and the KV cache are KerasHub's own Qwen3 code, with
+    the checked `fit`/`generate`, the SavedModel export and the compile
+    config that both tasks share (`CausalLMMixin`); only the backbone (the
+    same `Qwen3DecoderBlock` trunk as MultiHashFormer) and the default loss
+    differ: a token cross-entropy averaged over unmasked
     positions, like `SignatureCrossEntropy`. Build one with
     `keras_mhf.models.standard.standard_causal_lm(tokenizer, architecture)`.
 
@@ -52,53 +50,6 @@ class StandardCausalLM(Qwen3CausalLM):
                 from_logits=True, reduction="mean_with_sample_weight"
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
-
-    def fit(self, x=None, y=None, *args, **kwargs):
-        """`keras.Model.fit` after the same data checks as
-        `MultiHashFormerCausalLM.fit`
-        (`keras_mhf.models.causal_lm_inputs.checked_fit_inputs`).
-
-        Example:
-
-        ```python
-        standard.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
-        ```
-        """
-        x = causal_lm_inputs.checked_fit_inputs(self, x, y)
-        with text_fit(x, args, kwargs):  # KerasHub's text batching, quietly
-            return super().fit(x, y, *args, **kwargs)
-
-    def generate(
-        self,
-        inputs,
-        max_length=None,
-        stop_token_ids="auto",
-        strip_prompt=False,
-        *,
-        max_new_tokens=None,
-        truncate=None,
-    ):
-        """KerasHub's `generate` with checked lengths, as
-        `MultiHashFormerCausalLM.generate`; see
-        `keras_mhf.models.causal_lm_inputs.generate` (`max_length`: total
-        length; `max_new_tokens`: new tokens per prompt; `truncate="left"`:
-        keep the start token and the prompt's last tokens).
-
-        Example:
-
-        ```python
-        standard.generate("The cell", max_new_tokens=8)
-        ```
-        """
-        return causal_lm_inputs.generate(
-            self,
-            inputs,
-            max_length=max_length,
-            stop_token_ids=stop_token_ids,
-            strip_prompt=strip_prompt,
-            max_new_tokens=max_new_tokens,
-            truncate=truncate,
-        )
 
     def token_log_probs(self, hidden_states):
         """Final hidden states `[..., d]` -> token log-probs `[..., V]`
@@ -139,12 +90,6 @@ class StandardCausalLM(Qwen3CausalLM):
         return export_qwen3.export_causal_lm(
             self, path, overwrite, max_position_embeddings
         )
-
-    # The same SavedModel endpoints and compile-state saving as
-    # MultiHashFormerCausalLM.
-    export = MultiHashFormerCausalLM.export
-    get_compile_config = MultiHashFormerCausalLM.get_compile_config
-    compile_from_config = MultiHashFormerCausalLM.compile_from_config
 
 
 def standard_backbone(

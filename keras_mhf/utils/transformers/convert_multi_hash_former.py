@@ -37,15 +37,25 @@ _REQUIRED = (
 )
 
 
-def is_authors_checkpoint(preset):
-    """True for a local directory whose `config.json` has `num_hashes`."""
+def checkpoint_config(preset):
+    """`(config, readable)` of a local directory's `config.json`: the parsed
+    JSON (or `None`: no such file, or not JSON) and whether it parsed."""
     path = os.path.join(str(preset), "config.json")
     if not os.path.isdir(str(preset)) or not os.path.exists(path):
-        return False
+        return None, False
     try:
         with open(path) as f:
-            config = json.load(f)
+            return json.load(f), True
     except (OSError, ValueError):
+        return None, False
+
+
+def is_authors_checkpoint(preset):
+    """True for a local directory whose `config.json` has `num_hashes`."""
+    config, readable = checkpoint_config(preset)
+    if config is None and not readable:
+        if not os.path.exists(os.path.join(str(preset), "config.json")):
+            return False
         # A KerasHub preset's config.json is valid JSON; anything else that
         # names itself like an HF checkpoint is reported by `read_config`.
         return os.path.exists(

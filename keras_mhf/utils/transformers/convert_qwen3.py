@@ -16,14 +16,7 @@ from keras_mhf.utils.transformers import convert_multi_hash_former
 def is_qwen3_checkpoint(preset):
     """True for a local directory with a Hugging Face Qwen3 `config.json`
     (`model_type` "qwen3") that is not a MultiHashFormer checkpoint."""
-    path = os.path.join(str(preset), "config.json")
-    if not os.path.isdir(str(preset)) or not os.path.exists(path):
-        return False
-    try:
-        with open(path) as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return False
+    config, _ = convert_multi_hash_former.checkpoint_config(preset)
     return (
         isinstance(config, dict)
         and config.get("model_type") == "qwen3"

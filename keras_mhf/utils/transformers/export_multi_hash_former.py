@@ -95,27 +95,16 @@ def weight_entries(backbone):
     return entries
 
 
-def _write(
-    directory,
-    backbone,
-    tokenizer,
-    extra_config,
-    max_position_embeddings,
-):
-    content = config(backbone, tokenizer, max_position_embeddings)
+def _write(directory, backbone, tokenizer, extra_config, max_positions):
+    content = config(backbone, tokenizer, max_positions)
     content.update(extra_config)
-    hf_exporter.write_json(f"{directory}/config.json", content)
-    hf_exporter.write_json(
-        f"{directory}/generation_config.json",
-        hf_exporter.generation_config(
-            content["bos_token_id"],
-            content["eos_token_id"],
-            backbone.pad_token_id,
-        ),
+    hf_exporter.write_checkpoint(
+        directory,
+        content,
+        weight_entries(backbone),
+        backbone.pad_token_id,
+        tokenizer,
     )
-    hf_exporter.write_weights(directory, weight_entries(backbone))
-    if tokenizer is not None:
-        hf_exporter.write_tokenizer(tokenizer, directory)
 
 
 def export_backbone(
@@ -131,8 +120,8 @@ def export_backbone(
     export_backbone(lm.backbone, "exported_backbone")
     ```
     """
-    hf_exporter.check_not_quantized(backbone)
-    return hf_exporter.write_directory(
+    return hf_exporter.export(
+        backbone,
         path,
         overwrite,
         lambda d: _write(d, backbone, None, {}, max_position_embeddings),
@@ -153,11 +142,11 @@ def export_causal_lm(
     MultiHashFormerCausalLM.from_preset("exported")
     ```
     """
-    hf_exporter.check_not_quantized(causal_lm)
     causal_lm.check_tokenizer()
     tokenizer = getattr(causal_lm.preprocessor, "tokenizer", None)
     extra = {"scoring_temperature": float(causal_lm.scoring_temperature)}
-    return hf_exporter.write_directory(
+    return hf_exporter.export(
+        causal_lm,
         path,
         overwrite,
         lambda d: _write(

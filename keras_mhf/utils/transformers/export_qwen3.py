@@ -35,20 +35,15 @@ def weight_entries(backbone):
     return [hf_exporter.variable_entry(*entry) for entry in named]
 
 
-def _write(directory, backbone, tokenizer, max_position_embeddings):
-    content = config(backbone, tokenizer, max_position_embeddings)
-    hf_exporter.write_json(f"{directory}/config.json", content)
-    hf_exporter.write_json(
-        f"{directory}/generation_config.json",
-        hf_exporter.generation_config(
-            content["bos_token_id"],
-            content["eos_token_id"],
-            content["pad_token_id"],
-        ),
+def _write(directory, backbone, tokenizer, max_positions):
+    content = config(backbone, tokenizer, max_positions)
+    hf_exporter.write_checkpoint(
+        directory,
+        content,
+        weight_entries(backbone),
+        content["pad_token_id"],
+        tokenizer,
     )
-    hf_exporter.write_weights(directory, weight_entries(backbone))
-    if tokenizer is not None:
-        hf_exporter.write_tokenizer(tokenizer, directory)
 
 
 def export_backbone(
@@ -62,8 +57,8 @@ def export_backbone(
     export_backbone(standard.backbone, "exported_standard_backbone")
     ```
     """
-    hf_exporter.check_not_quantized(backbone)
-    return hf_exporter.write_directory(
+    return hf_exporter.export(
+        backbone,
         path,
         overwrite,
         lambda d: _write(d, backbone, None, max_position_embeddings),
@@ -83,9 +78,9 @@ def export_causal_lm(
     transformers.AutoModelForCausalLM.from_pretrained("exported_standard")
     ```
     """
-    hf_exporter.check_not_quantized(causal_lm)
     tokenizer = getattr(causal_lm.preprocessor, "tokenizer", None)
-    return hf_exporter.write_directory(
+    return hf_exporter.export(
+        causal_lm,
         path,
         overwrite,
         lambda d: _write(

@@ -235,3 +235,26 @@ def export_tokenizer(tokenizer, path, overwrite=False):
     return write_directory(
         path, overwrite, lambda d: write_tokenizer(tokenizer, d)
     )
+
+
+def write_checkpoint(directory, content, entries, pad_token_id, tokenizer):
+    """Writes a Hugging Face checkpoint into `directory`: `config.json`
+    (`content`), `generation_config.json`, `model.safetensors` (`entries`,
+    one tensor at a time) and, with a tokenizer, its files."""
+    write_json(f"{directory}/config.json", content)
+    write_json(
+        f"{directory}/generation_config.json",
+        generation_config(
+            content["bos_token_id"], content["eos_token_id"], pad_token_id
+        ),
+    )
+    write_weights(directory, entries)
+    if tokenizer is not None:
+        write_tokenizer(tokenizer, directory)
+
+
+def export(model, path, overwrite, write):
+    """Refuses a quantized `model`, then `write(directory)` into a fresh
+    temporary directory renamed to `path` (`write_directory`)."""
+    check_not_quantized(model)
+    return write_directory(path, overwrite, write)

@@ -1,0 +1,135 @@
+"""What both causal LMs (MultiHashFormer and the Standard baseline) share on
+top of KerasHub's `CausalLM`: checked `fit` and `generate`
+(`keras_mhf.models.causal_lm_inputs`), the SavedModel export with text
+endpoints, and a compile config that `.keras` loading restores."""
+
+import keras
+import keras_hub
+
+from keras_mhf.models import causal_lm_inputs
+from keras_mhf.utils.keras_utils import text_fit
+
+
+class CausalLMMixin:
+    """Mixed in before the KerasHub task class:
+    `class StandardCausalLM(CausalLMMixin, Qwen3CausalLM)`."""
+
+    def check_tokenizer(self, force=False):
+        """Checks the attached tokenizer against the model (nothing to check
+        by default; MultiHashFormer checks its signature table)."""
+
+    def fit(self, x=None, y=None, *args, **kwargs):
+        """`keras.Model.fit`, after checking the tokenizer and the data
+        (`keras_mhf.models.causal_lm_inputs.checked_fit_inputs`) before any
+        state changes: with a preprocessor, `x` must be strings (an empty
+        list, a non-string entry or a dict is refused with one clear error);
+        without one, every token id must be in the vocabulary (streamed
+        datasets are checked batch by batch, the first one before training
+        starts).
+
+        Example:
+
+        ```python
+        lm.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
+        ```
+        """
+        self.check_tokenizer()
+        x = causal_lm_inputs.checked_fit_inputs(self, x, y)
+        with text_fit(x, args, kwargs):  # KerasHub's text batching, quietly
+            return super().fit(x, y, *args, **kwargs)
+
+    def generate(
+        self,
+        inputs,
+        max_length=None,
+        stop_token_ids="auto",
+        strip_prompt=False,
+        *,
+        max_new_tokens=None,
+        truncate=None,
+    ):
+        """KerasHub's `generate` with checked lengths (after checking the
+        tokenizer); see `keras_mhf.models.causal_lm_inputs.generate`.
+
+        Args:
+            inputs: strings (with a preprocessor) or token ids
+                `{"token_ids", "padding_mask"}`, or a `tf.data.Dataset`.
+            max_length: the total length (prompt, start token included, and
+                new tokens); no prompt may be longer, and not all may fill
+                it. Default: the preprocessor's `sequence_length` (token
+                ids: their width).
+            stop_token_ids: `"auto"`, `None` or a tuple of ids.
+            strip_prompt: return only the generated part.
+            max_new_tokens: instead of `max_length`: at most this many new
+                tokens per prompt; total length (and KV cache) = longest
+                prompt + `max_new_tokens`.
+            truncate: `None` refuses a prompt that does not fit; `"left"`
+                keeps its start token and last tokens.
+
+        Example:
+
+        ```python
+        lm.generate("The cell", max_new_tokens=8)
+        ```
+        """
+        self.check_tokenizer()
+        return causal_lm_inputs.generate(
+            self,
+            inputs,
+            max_length=max_length,
+            stop_token_ids=stop_token_ids,
+            strip_prompt=strip_prompt,
+            max_new_tokens=max_new_tokens,
+            truncate=truncate,
+        )
+
+    def export(
+        self,
+        filepath,
+        format="tf_saved_model",
+        verbose=None,
+        overwrite=False,
+        include_text_endpoints=None,
+        **kwargs,
+    ):
+        """Exports a TF SavedModel with `serve`, `score` and `generate`
+        endpoints on token ids and, with a tokenizer, `generate_text` and
+        `score_text` on strings; works from every backend. See
+        `keras_mhf.export`. Other formats go to `keras.Model.export`."""
+        if format != "tf_saved_model" or kwargs:
+            return super().export(
+                filepath, format=format, verbose=verbose, **kwargs
+            )
+        from keras_mhf.export import export_causal_lm
+
+        return export_causal_lm(
+            self,
+            filepath,
+            overwrite=overwrite,
+            include_text_endpoints=include_text_endpoints,
+            verbose=bool(verbose),
+        )
+
+    def get_compile_config(self):
+        """Keras' compile config plus the sampler, so `.keras` loading
+        restores the compile state (and the optimizer's variables) instead
+        of warning and recompiling with defaults."""
+        config = super().get_compile_config()
+        if config and getattr(self, "sampler", None) is not None:
+            config["sampler"] = keras_hub.samplers.serialize(self.sampler)
+        if config and getattr(self, "optimizer", None) is not None:
+            # Build the restored optimizer only if this one was built, so its
+            # saved variables (none, or all of them) load without a warning.
+            config["optimizer_built"] = bool(self.optimizer.built)
+        return config
+
+    def compile_from_config(self, config):
+        """Recompiles from `get_compile_config` (used by `.keras` loading)."""
+        config = dict(config)
+        sampler = config.pop("sampler", "top_k")
+        optimizer_built = config.pop("optimizer_built", True)
+        config = keras.saving.deserialize_keras_object(config)
+        self.compile(sampler=keras_hub.samplers.get(sampler), **config)
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and optimizer_built and self.built:
+            optimizer.build(self.trainable_variables)
