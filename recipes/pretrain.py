@@ -1,8 +1,9 @@
 """Pre-train a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
-    python recipes/pretrain.py --data ../shared/data/openstax_edu_en \\
+    DATA=/path/to/shared/data  # holds openstax_edu_en/, mistral_v03_tokenizer/
+    python recipes/pretrain.py --data "$DATA/openstax_edu_en" \\
         --output runs/mhf \\
-        --tokenizer ../shared/data/mistral_v03_tokenizer/tokenizer.model \\
+        --tokenizer "$DATA/mistral_v03_tokenizer/tokenizer.model" \\
         --architecture mini_h4b1024 --steps 300
 
 --data is either a corpus prepared once by tools/prepare_data.py (a directory

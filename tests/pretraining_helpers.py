@@ -37,6 +37,28 @@ RUN = dict(
 CALIBRATED_RUN = dict(RUN, validation_blocks=16)
 
 
+@contextlib.contextmanager
+def stop_after_chunks(count):
+    """Within the block, a run (`pretrain`, `finetune`) stops after `count`
+    chunks of each call, as a run with no steps left would (its summary is
+    `"incomplete"`): the `"chunk_start"` hook raises `hooks.Stop`. Other
+    events go to the hook that was set before."""
+    from keras_mhf.pretraining import hooks
+
+    previous = hooks.event
+
+    def stop(name, **info):
+        if name == "chunk_start" and info["chunks"] >= count:
+            raise hooks.Stop
+        previous(name, **info)
+
+    hooks.event = stop
+    try:
+        yield
+    finally:
+        hooks.event = previous
+
+
 def write_documents(path, count=200, seed=1):
     """`count` JSONL documents of 1-3 sentences of the test corpus."""
     rng = np.random.default_rng(seed)

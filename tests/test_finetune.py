@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import REPO
 from tests.conftest import small_proto_bytes
 from tests.pretraining_helpers import compile_once_fixture  # noqa: F401
+from tests.pretraining_helpers import stop_after_chunks
 from tests.pretraining_helpers import weights_in
 from tests.pretraining_helpers import write_documents
 
@@ -122,9 +123,8 @@ def test_recipe_and_exact_resume(setup, capsys):
     # the corpus the recipe prepared: the same token streams, prepared once).
     resumed, prepared = str(root / "resumed"), str(whole / "data")
     settings = dict(RUN, verbose=0)
-    _, first = finetune(
-        preset, prepared, resumed, lora_rank=2, stop_after_chunks=1, **settings
-    )
+    with stop_after_chunks(1):
+        _, first = finetune(preset, prepared, resumed, lora_rank=2, **settings)
     assert first["status"] == "incomplete" and first["step"] == 2
     lm, second = finetune(preset, prepared, resumed, lora_rank=2, **settings)
     assert second["finished"]

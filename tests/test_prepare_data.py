@@ -12,8 +12,9 @@ from keras_mhf.data import CorpusWarning
 from keras_mhf.data import PreparedCorpus
 from keras_mhf.data import prepare as prepare_module
 from keras_mhf.data import prepare_data
-from keras_mhf.data import tokenizer_fingerprint
+from keras_mhf.data import tokenizer_file_sha256
 from keras_mhf.data import validation_score
+from keras_mhf.utils import hooks
 from tests.conftest import CORPUS
 from tests.conftest import REPO
 
@@ -74,7 +75,14 @@ def files_of(directory):
     return out
 
 
-def prepare(inputs, tokenizer_path, output, **kwargs):
+class Killed(Exception):
+    """Raised by the `"shard_written"` hook: the run stops as if killed."""
+
+
+def prepare(inputs, tokenizer_path, output, stop_after_shards=None, **kwargs):
+    """`prepare_data` with the tests' settings; with `stop_after_shards`, it
+    is stopped, as if killed, right after that many shard files are complete
+    (the `"shard_written"` hook raises), and `None` is returned."""
     kwargs = {
         "validation_fraction": FRACTION,
         "shard_tokens": 500,
@@ -82,7 +90,23 @@ def prepare(inputs, tokenizer_path, output, **kwargs):
         "progress": False,
         **kwargs,
     }
-    return prepare_data(inputs, tokenizer_path, str(output), **kwargs)
+    if stop_after_shards is None:
+        return prepare_data(inputs, tokenizer_path, str(output), **kwargs)
+    written = []
+
+    def kill(name, **info):
+        if name == "shard_written":
+            written.append(info["path"])
+            if len(written) >= stop_after_shards:
+                raise Killed(info["path"])
+
+    previous, hooks.event = hooks.event, kill
+    try:
+        return prepare_data(inputs, tokenizer_path, str(output), **kwargs)
+    except Killed:
+        return None
+    finally:
+        hooks.event = previous
 
 
 def test_shards_hold_the_bos_prefixed_documents(
@@ -111,7 +135,7 @@ def test_shards_hold_the_bos_prefixed_documents(
     assert len(index["splits"]["train"]["shards"]) > 3
     assert index["complete"] and index["format_version"] == 1
     assert index["dtype"] == "uint16" and corpus.dtype == np.uint16
-    assert index["tokenizer"]["sha256"] == tokenizer_fingerprint(tokenizer_path)
+    assert index["tokenizer"]["sha256"] == tokenizer_file_sha256(tokenizer_path)
     assert (
         index["tokenizer"]["vocabulary_size"]
         == sp.get_piece_size()
@@ -150,7 +174,7 @@ def test_an_interrupted_run_resumes_to_identical_bytes(
     prepare(inputs, tokenizer_path, tmp_path / "full")
     out = tmp_path / "resumed"
     assert (
-        prepare(inputs, tokenizer_path, out, _stop_after_shards=stop_after)
+        prepare(inputs, tokenizer_path, out, stop_after_shards=stop_after)
         is None
     )
     assert not (out / "index.json").exists()
@@ -172,14 +196,14 @@ import os, signal
 from keras_mhf.data import prepare
 prepare.CHUNK_DOCUMENTS = 5
 prepare.CHECKPOINT_SECONDS = 0.0
-complete = prepare._ShardWriter._complete
+from keras_mhf.utils import hooks
 count = [0]
-def killing_complete(self, reopen):
-    complete(self, reopen)
-    count[0] += 1
-    if count[0] == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-prepare._ShardWriter._complete = killing_complete
+def kill(name, **info):
+    if name == "shard_written":
+        count[0] += 1
+        if count[0] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+hooks.event = kill
 prepare.prepare_data({inputs!r}, {tokenizer_path!r}, {str(out)!r},
                      validation_fraction={FRACTION}, shard_tokens=500,
                      workers=2, progress=False)
@@ -202,7 +226,7 @@ def test_a_changed_configuration_is_refused(
     import sentencepiece as spm
 
     out = tmp_path / "out"
-    prepare(inputs, tokenizer_path, out, _stop_after_shards=1)
+    prepare(inputs, tokenizer_path, out, stop_after_shards=1)
     with pytest.raises(
         ValueError, match=r"different settings \(shard_tokens: 500 -> 400"
     ):
@@ -298,8 +322,8 @@ def test_check_tokenizer(tmp_path, inputs, tokenizer_path, small_tokenizer):
     )
     other = tmp_path / "other.model"
     other.write_bytes(open(tokenizer_path, "rb").read() + b"\0")
-    expected = tokenizer_fingerprint(str(other))[:16]
-    prepared = corpus.tokenizer_fingerprint[:16]
+    expected = tokenizer_file_sha256(str(other))[:16]
+    prepared = corpus.tokenizer_sha256[:16]
     with pytest.raises(
         ValueError,
         match=rf"prepared with tokenizer sha256 {prepared}\.\.\., the model's "

@@ -31,6 +31,7 @@ from tests.pretraining_helpers import prepared_corpus
 from tests.pretraining_helpers import reference_run
 from tests.pretraining_helpers import run_flags
 from tests.pretraining_helpers import state_of
+from tests.pretraining_helpers import stop_after_chunks
 from tests.pretraining_helpers import weights_in
 from tests.pretraining_helpers import write_documents
 from tests.pretraining_helpers import write_tokenizer
@@ -224,7 +225,8 @@ def test_resume_after_a_crash_gives_identical_weights(
     tmp_path, reference, corpus
 ):
     output = str(tmp_path / "resumed")
-    _, crashed = pretrain(corpus[0], output, stop_after_chunks=2, **RUN)
+    with stop_after_chunks(2):
+        _, crashed = pretrain(corpus[0], output, **RUN)
     assert not crashed["finished"] and crashed["step"] == 2
     lm, resumed = pretrain(corpus[0], output, **RUN)
     assert resumed["finished"]
@@ -244,7 +246,8 @@ def test_raw_text_is_prepared_into_the_output_and_reused(tmp_path, monkeypatch):
     output = tmp_path / "run"
     settings = dict(RUN, vocabulary_size=400, validation_fraction=0.2)
     settings["workers"] = 1
-    _, first = pretrain(text, str(output), stop_after_chunks=1, **settings)
+    with stop_after_chunks(1):
+        _, first = pretrain(text, str(output), **settings)
     assert first["data"] == str(output / "data")
     assert first["tokenizer"] == str(output / "tokenizer.model")
     index = output / "data" / "index.json"
@@ -257,7 +260,7 @@ def test_raw_text_is_prepared_into_the_output_and_reused(tmp_path, monkeypatch):
     def no_tokenizing(*args, **kwargs):
         raise AssertionError("the corpus was tokenized again")
 
-    monkeypatch.setattr("keras_mhf.data.prepare._run", no_tokenizing)
+    monkeypatch.setattr("keras_mhf.data.prepare._tokenize_all", no_tokenizing)
     monkeypatch.setattr(run_data, "train_sentencepiece", no_tokenizing)
     _, second = pretrain(text, str(output), **settings)
     assert second["finished"]

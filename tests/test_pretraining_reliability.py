@@ -35,6 +35,7 @@ from tests.pretraining_helpers import compilation_cache_env
 from tests.pretraining_helpers import compile_once_fixture  # noqa: F401
 from tests.pretraining_helpers import corpus_fixture  # noqa: F401
 from tests.pretraining_helpers import run_flags
+from tests.pretraining_helpers import stop_after_chunks
 
 pytestmark = [
     pytest.mark.skipif(
@@ -122,15 +123,16 @@ def test_the_lock_dies_with_a_killed_process(tmp_path):
 def test_a_different_command_on_the_same_output_is_refused(tmp_path, corpus):
     output = str(tmp_path / "run")
     # Stopped before its first chunk: no checkpoint exists yet.
-    _, summary = pretrain(corpus[0], output, stop_after_chunks=0, **RUN)
-    assert summary["status"] == "incomplete"
-    assert read_summary(output)["status"] == "incomplete"
-    with open(os.path.join(output, "run.json")) as f:
-        assert json.load(f)["settings"]["seed"] == 0
-    with pytest.raises(RunConfigError, match=r"other settings \(seed: 0"):
-        pretrain(corpus[0], output, stop_after_chunks=0, **dict(RUN, seed=1))
-    # The same command is welcome (it resumes).
-    pretrain(corpus[0], output, stop_after_chunks=0, **RUN)
+    with stop_after_chunks(0):
+        _, summary = pretrain(corpus[0], output, **RUN)
+        assert summary["status"] == "incomplete"
+        assert read_summary(output)["status"] == "incomplete"
+        with open(os.path.join(output, "run.json")) as f:
+            assert json.load(f)["settings"]["seed"] == 0
+        with pytest.raises(RunConfigError, match=r"other settings \(seed: 0"):
+            pretrain(corpus[0], output, **dict(RUN, seed=1))
+        # The same command is welcome (it resumes).
+        pretrain(corpus[0], output, **RUN)
 
 
 # Item 2: shards are verified before they are trusted.
@@ -150,7 +152,8 @@ def test_a_corrupted_shard_is_named_before_training(tmp_path, corpus):
     assert "--no-verify" in str(error.value)
     assert not os.path.exists(output)  # refused before training: no trace
     # --no-verify trusts it (the user asked for it).
-    pretrain(damaged, output, stop_after_chunks=0, verify_data=False, **RUN)
+    with stop_after_chunks(0):
+        pretrain(damaged, output, verify_data=False, **RUN)
 
 
 def test_out_of_vocabulary_ids_name_the_shard_and_offset(tmp_path, corpus):

@@ -1,7 +1,7 @@
 """Tokenizes text corpora once into token shards for pre-training.
 
     python tools/prepare_data.py --tokenizer tokenizer.model \\
-        --output prepared/ ../shared/data/openstax_edu_en
+        --output prepared/ corpus/
     python tools/prepare_data.py --tokenizer tokenizer.model \\
         --output prepared/ 'books/*.jsonl.gz' notes.txt \\
         --validation held_out.jsonl --workers 8

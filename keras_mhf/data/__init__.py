@@ -38,9 +38,8 @@ from keras_mhf.data.prepare import token_dtype
 from keras_mhf.data.prepare import validation_score
 from keras_mhf.data.prepared_corpus import PreparedCorpus
 from keras_mhf.data.prepared_corpus import read_index
-from keras_mhf.data.prepared_corpus import tokenizer_fingerprint
+from keras_mhf.data.prepared_corpus import tokenizer_file_sha256
 from keras_mhf.data.windows import WindowSampler
 from keras_mhf.data.windows import validation_windows
 from keras_mhf.data.windows import window_dataset
 from keras_mhf.data.windows import window_starts
-from keras_mhf.data.windows import windows_to_features

@@ -122,8 +122,12 @@ def list_corpus_files(inputs):
 
     Example:
 
-    >>> list_corpus_files("../shared/data/openstax_edu_en")  # doctest: +SKIP
-    ['../shared/data/openstax_edu_en/train_00.jsonl', ...]
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> for name in ("b.txt", "a.jsonl", "manifest.json"):
+    ...     open(os.path.join(root, name), "w").close()
+    >>> [os.path.basename(path) for path in list_corpus_files(root)]
+    ['a.jsonl', 'b.txt']
     """
     if isinstance(inputs, (str, bytes, os.PathLike)):
         inputs = [inputs]
@@ -329,13 +333,19 @@ class DocumentReader:
                 yield line, text, error, offset
                 line += 1
 
-    def _jsonl(self, path, file_index, offset, line):
+    def _decoded_lines(self, path, offset, line):
+        """`(line number, text, end offset)` of `_numbered_lines`, without
+        the lines that are not valid UTF-8 (each one goes to `_bad`)."""
         for number, text, error, end in self._numbered_lines(
             path, offset, line
         ):
             if error is not None:
                 self._bad(path, number, f"not valid UTF-8 ({error})")
                 continue
+            yield number, text, end
+
+    def _jsonl(self, path, file_index, offset, line):
+        for number, text, end in self._decoded_lines(path, offset, line):
             if not text.strip():
                 continue
             try:
@@ -356,30 +366,15 @@ class DocumentReader:
                 kind = "null" if value is None else f"a {type(value).__name__}"
                 self._bad(path, number, f"'text' is {kind}, not a string")
                 continue
-            value = value.strip()
-            if value:
-                yield Document(
-                    value,
-                    file_index,
-                    number,
-                    self._position(file_index, end, number),
-                )
+            document = self._document(value, file_index, number, end, number)
+            if document is not None:
+                yield document
 
     def _lines(self, path, file_index, offset, line):
-        for number, text, error, end in self._numbered_lines(
-            path, offset, line
-        ):
-            if error is not None:
-                self._bad(path, number, f"not valid UTF-8 ({error})")
-                continue
-            text = text.strip()
-            if text:
-                yield Document(
-                    text,
-                    file_index,
-                    number,
-                    self._position(file_index, end, number),
-                )
+        for number, text, end in self._decoded_lines(path, offset, line):
+            document = self._document(text, file_index, number, end, number)
+            if document is not None:
+                yield document
 
     def _blocks(self, path, file_index, offset, line):
         block, first, bad = [], None, False
@@ -396,20 +391,33 @@ class DocumentReader:
                 )
                 bad = True
             elif text == "":
-                document = "\n".join(block).strip()
-                if document and not bad:
-                    position = self._position(file_index, end, number)
-                    yield Document(document, file_index, first, position)
+                if not bad and (
+                    document := self._document(
+                        "\n".join(block), file_index, first, end, number
+                    )
+                ):
+                    yield document
                 block, first, bad = [], None, False
                 continue
             if first is None:
                 first = number
             if text is not None:
                 block.append(text)
-        document = "\n".join(block).strip()
-        if document and not bad:
-            position = self._position(file_index, end, number)
-            yield Document(document, file_index, first, position)
+        if not bad and (
+            document := self._document(
+                "\n".join(block), file_index, first, end, number
+            )
+        ):
+            yield document
+
+    def _document(self, text, file_index, line, end, last_line):
+        """The `Document` of `text`, stripped, that starts on `line` and
+        ends before byte `end`, on `last_line`; `None` for whitespace."""
+        text = text.strip()
+        if not text:
+            return None
+        position = self._position(file_index, end, last_line)
+        return Document(text, file_index, line, position)
 
     def _position(self, file_index, offset, number):
         return ReadPosition(file_index, offset, number + 1, self.skipped)

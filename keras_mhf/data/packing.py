@@ -65,18 +65,18 @@ def pack_documents(
 
 
 def blocks_to_features(blocks):
-    """`[n, L+1]` blocks -> (x dict, y, sample_weight) for `fit` without a
-    preprocessor.
+    """`[n, L+1]` blocks (or windows) -> `(x, y, sample_weight)` for `fit`
+    without a preprocessor: `x = {"token_ids": blocks[:, :-1],
+    "padding_mask": ones}`, `y = blocks[:, 1:]`, float32 ones (contiguous
+    arrays).
 
     Example:
 
-    ```python
-    x, y, sample_weight = blocks_to_features(blocks)
-    model.fit(x, y, sample_weight=sample_weight, batch_size=8)
-    ```
+    >>> x, y, sample_weight = blocks_to_features(np.array([[1, 5, 6]]))
+    >>> x["token_ids"].tolist(), y.tolist(), sample_weight.tolist()
+    ([[1, 5]], [[5, 6]], [[1.0, 1.0]])
     """
-    x = {
-        "token_ids": blocks[:, :-1],
-        "padding_mask": np.ones_like(blocks[:, :-1]),
-    }
-    return x, blocks[:, 1:], np.ones(blocks[:, 1:].shape, "float32")
+    token_ids = np.ascontiguousarray(blocks[:, :-1])
+    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
+    y = np.ascontiguousarray(blocks[:, 1:])
+    return x, y, np.ones(y.shape, "float32")

@@ -15,17 +15,25 @@ document boundaries, where the input stream stands and how far each shard in
 progress is, so a killed run restarted with the same arguments continues
 from there and ends with the same bytes as an uninterrupted run.
 
-Example:
+`keras_mhf.utils.hooks.event` fires `"shard_written"` after each shard's
+rename, before it is checkpointed (tests stop a run there).
+
+Example, for `data_dir` holding the shared `openstax_edu_en/` and
+`mistral_v03_tokenizer/`:
 
 ```python
+import os
+
 from keras_mhf.data import prepare_data
 
-index = prepare_data(
-    "../shared/data/openstax_edu_en",
-    "../shared/data/mistral_v03_tokenizer/tokenizer.model",
-    "prepared/openstax",
-)
-print(index["splits"]["train"]["tokens"])
+
+def prepare_openstax(data_dir, output_dir):
+    index = prepare_data(
+        os.path.join(data_dir, "openstax_edu_en"),
+        os.path.join(data_dir, "mistral_v03_tokenizer", "tokenizer.model"),
+        output_dir,
+    )
+    return index["splits"]["train"]["tokens"]
 ```
 """
 
@@ -33,7 +41,6 @@ import collections
 import datetime
 import hashlib
 import itertools
-import json
 import multiprocessing
 import os
 import re
@@ -52,8 +59,13 @@ from keras_mhf.data.prepared_corpus import INDEX_FILE
 from keras_mhf.data.prepared_corpus import SPLITS
 from keras_mhf.data.prepared_corpus import STATE_FILE
 from keras_mhf.data.prepared_corpus import read_index
+from keras_mhf.utils import hooks
+from keras_mhf.utils.files import read_json
+from keras_mhf.utils.files import write_json
+from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.output_lock import LOCK_FILE
 from keras_mhf.utils.output_lock import output_lock
+from keras_mhf.utils.progress import Progress
 
 DEFAULT_SHARD_TOKENS = 1 << 26  # 128 MiB per shard with uint16 tokens
 CHUNK_TEXT_CHARS = 1 << 20  # text per tokenization task
@@ -157,29 +169,15 @@ class _Done:
         return self.value
 
 
-class _Interrupted(Exception):
-    """Raised by the `_stop_after_shards` test hook."""
-
-
-def _write_json(path, data):
-    """Writes JSON atomically: a temporary file, fsync, then os.replace."""
-    temporary = path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
 class _ShardWriter:
-    """Appends one split's tokens to fixed-size shards, resumably."""
+    """Appends one split's tokens to fixed-size shards, resumably; fires
+    `hooks.event("shard_written", path=..., split=...)` when a shard is
+    complete."""
 
-    def __init__(
-        self, directory, split, dtype, shard_tokens, state, on_complete
-    ):
+    def __init__(self, directory, split, dtype, shard_tokens, state):
         self.directory, self.split = directory, split
         self.dtype, self.shard_tokens = dtype, shard_tokens
-        self.on_complete = on_complete
+        self.pattern = re.compile(rf"{split}_(\d+)\.bin(\.partial)?$")
         self.shards = list(state["shards"])
         self.tokens = state["pending_tokens"]
         self.documents = state["pending_documents"]
@@ -224,9 +222,8 @@ class _ShardWriter:
         with open(partial, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 self.hash.update(block)
-        pattern = re.compile(rf"{self.split}_(\d+)\.bin(\.partial)?$")
         for name in os.listdir(self.directory):
-            match = pattern.match(name)
+            match = self.pattern.match(name)
             if match and int(match.group(1)) > index:
                 os.remove(os.path.join(self.directory, name))
         self.file = open(partial, "ab")
@@ -265,7 +262,7 @@ class _ShardWriter:
         self.tokens, self.documents, self.hash = 0, 0, hashlib.sha256()
         if reopen:
             self.file = open(self._path(index + 1) + ".partial", "wb")
-        self.on_complete()
+        hooks.event("shard_written", path=self._path(index), split=self.split)
 
     def state(self):
         self.file.flush()
@@ -294,40 +291,51 @@ class _ShardWriter:
 
     def remove_files(self):
         self.close()
-        pattern = re.compile(rf"{self.split}_(\d+)\.bin(\.partial)?$")
         for name in os.listdir(self.directory):
-            if pattern.match(name):
+            if self.pattern.match(name):
                 os.remove(os.path.join(self.directory, name))
 
 
-class _Progress:
-    """A one-line progress report on stderr: bytes, tokens/s, ETA."""
+class _Progress(Progress):
+    """prepare_data's progress line on stderr (bytes read, tokens,
+    tokens/s, ETA), shown as often as `keras_mhf.utils.progress.Progress`
+    shows its own (from the first update on), and one-line messages."""
 
-    def __init__(self, enabled, total_bytes, start_bytes):
-        self.enabled, self.total = enabled, max(total_bytes, 1)
-        self.start_bytes, self.started = start_bytes, time.monotonic()
-        self.last, self.tty = 0.0, enabled and sys.stderr.isatty()
-        self.shown = False
+    def __init__(self, enabled, total_bytes=0, start_bytes=0):
+        super().__init__(
+            "prepare_data",
+            total_bytes,
+            "bytes",
+            enabled=bool(enabled),
+            delay=0.0,
+        )
+        self.start_bytes, self.tokens = start_bytes, 0
 
-    def update(self, done_bytes, tokens, final=False):
-        now = time.monotonic()
-        if not self.enabled or (
-            not final and now - self.last < (0.5 if self.tty else 10)
-        ):
-            return
-        self.last = now
+    def update(self, done_bytes, tokens):
+        """Records the bytes read and tokens written so far."""
+        self.tokens = tokens
+        super().update(done_bytes)
+
+    def finish(self, done_bytes, tokens):
+        """Shows the last line (always, when enabled)."""
+        self.done, self.tokens = done_bytes, tokens
+        if self.enabled:
+            self._show(time.monotonic(), final=True)
+
+    def _show(self, now, final=False):
+        self.last, self.shown = now, True
         elapsed = max(now - self.started, 1e-9)
-        rate = (done_bytes - self.start_bytes) / elapsed
-        eta = (self.total - done_bytes) / rate if rate > 0 else float("inf")
+        rate = (self.done - self.start_bytes) / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else float("inf")
         eta = (
             "--"
             if eta == float("inf")
             else f"{int(eta) // 60}m{int(eta) % 60:02d}s"
         )
         line = (
-            f"prepare_data: {done_bytes / 1e6:,.1f}/{self.total / 1e6:,.1f} MB "
-            f"({100 * done_bytes / self.total:.0f}%) | {tokens:,} tokens | "
-            f"{tokens / elapsed:,.0f} tokens/s | ETA {eta}"
+            f"prepare_data: {self.done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB "
+            f"({100 * self.done / self.total:.0f}%) | {self.tokens:,} tokens "
+            f"| {self.tokens / elapsed:,.0f} tokens/s | ETA {eta}"
         )
         if self.tty:
             sys.stderr.write("\r" + line + ("\n" if final else ""))
@@ -460,7 +468,6 @@ def prepare_data(
     workers=None,
     on_error="fail",
     progress=True,
-    _stop_after_shards=None,
 ):
     """Tokenizes corpora into token shards plus `index.json` (see module doc).
 
@@ -482,9 +489,6 @@ def prepare_data(
         on_error: `"fail"` (default) or `"skip"` bad corpus lines (see
             `DocumentReader`).
         progress: report progress on stderr.
-        _stop_after_shards: test hook: stop, as if killed, right after this
-            many shard files are complete (before checkpointing them);
-            returns `None`.
 
     Returns:
         The index (the contents of `output_dir/index.json`).
@@ -502,99 +506,80 @@ def prepare_data(
     corpus = PreparedCorpus("prepared/")
     ```
     """
-    workers = _check_arguments(
-        workers, shard_tokens, on_error, validation_inputs, validation_fraction
-    )
-    job = _Job(
-        *_header(
-            inputs,
-            tokenizer_path,
-            validation_inputs,
+    options = _check_arguments(
+        _Options(
             validation_fraction,
+            validation_inputs,
             shard_tokens,
+            workers,
             on_error,
-        ),
-        validation_fraction=validation_fraction,
-        validation_inputs=validation_inputs,
-        workers=workers,
-        on_error=on_error,
-        progress=progress,
-        stop_after_shards=_stop_after_shards,
+            progress,
+        )
     )
+    job = _make_job(inputs, tokenizer_path, options)
     output_dir = os.fspath(output_dir)
     with output_lock(output_dir, "prepare_data"):
         return _prepare_locked(output_dir, job)
 
 
+# The options of a `prepare_data` call (`workers` resolved by
+# `_check_arguments`).
+_Options = collections.namedtuple(
+    "_Options",
+    [
+        "validation_fraction",
+        "validation_inputs",
+        "shard_tokens",
+        "workers",
+        "on_error",
+        "progress",
+    ],
+)
+
 # What `prepare_data` was asked for: the tokenizer (`sp`, `proto`), the
 # index header, the input files, and the options of the run.
 _Job = collections.namedtuple(
     "_Job",
-    [
-        "sp",
-        "proto",
-        "header",
-        "train_files",
-        "validation_files",
-        "validation_fraction",
-        "validation_inputs",
-        "workers",
-        "on_error",
-        "progress",
-        "stop_after_shards",
-    ],
+    ["sp", "proto", "header", "train_files", "validation_files", "options"],
 )
 
 
-def _check_arguments(
-    workers, shard_tokens, on_error, validation_inputs, validation_fraction
-):
-    """The checks of `prepare_data`'s arguments; returns the worker count."""
+def _check_arguments(options):
+    """The checks of `prepare_data`'s arguments; returns `options` with the
+    worker count resolved."""
+    workers = options.workers
     if workers is None:
         workers = available_cores()
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    try:
+        check_positive_ints("prepare_data", workers=workers)
+    except ValueError:
         raise ValueError(
             f"workers must be a positive number of processes, got {workers!r}; "
             f"pass --workers N with N >= 1, or leave it out to use every core "
             f"({available_cores()})."
-        )
-    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int):
+        ) from None
+    check_positive_ints("prepare_data", shard_tokens=options.shard_tokens)
+    if options.on_error not in ("fail", "skip"):
         raise ValueError(
-            f"shard_tokens must be an integer, got {shard_tokens!r}."
+            f"on_error must be 'fail' or 'skip', got {options.on_error!r}."
         )
-    if shard_tokens < 1:
-        raise ValueError(
-            f"shard_tokens must be at least 1, got {shard_tokens}."
-        )
-    if on_error not in ("fail", "skip"):
-        raise ValueError(
-            f"on_error must be 'fail' or 'skip', got {on_error!r}."
-        )
-    if validation_inputs is None and not 0.0 < validation_fraction < 1.0:
+    fraction = options.validation_fraction
+    if options.validation_inputs is None and not 0.0 < fraction < 1.0:
         raise ValueError(
             "validation_fraction must be between 0 and 1 (exclusive), got "
-            f"{validation_fraction!r}; or pass validation_inputs "
-            "(--validation)."
+            f"{fraction!r}; or pass validation_inputs (--validation)."
         )
-    return workers
+    return options._replace(workers=int(workers))
 
 
-def _header(
-    inputs,
-    tokenizer_path,
-    validation_inputs,
-    validation_fraction,
-    shard_tokens,
-    on_error,
-):
-    """The tokenizer and what defines the preparation (`index.json`'s
-    header), before anything is written."""
+def _make_job(inputs, tokenizer_path, options):
+    """The tokenizer, the input files and what defines the preparation
+    (`index.json`'s header), before anything is written."""
     sp, proto = _load_tokenizer(tokenizer_path)
-    dtype = token_dtype(sp.get_piece_size())
     train_files = list_corpus_files(inputs)
     validation_files = []
-    if validation_inputs is not None:
-        validation_files = list_corpus_files(validation_inputs)
+    if options.validation_inputs is not None:
+        validation_files = list_corpus_files(options.validation_inputs)
         both = set(map(os.path.abspath, train_files)) & set(
             map(os.path.abspath, validation_files)
         )
@@ -603,8 +588,8 @@ def _header(
                 f"{sorted(both)[0]} is both a training and a validation input; "
                 "a file can only be in one split."
             )
-    if validation_inputs is None:
-        rule = {"rule": "fraction", "fraction": validation_fraction}
+    if options.validation_inputs is None:
+        rule = {"rule": "fraction", "fraction": options.validation_fraction}
         rule["hash"] = VALIDATION_HASH
     else:
         rule = {"rule": "inputs"}
@@ -618,33 +603,25 @@ def _header(
             "bos_id": sp.bos_id(),
             "path": os.path.abspath(os.fspath(tokenizer_path)),
         },
-        "dtype": dtype.name,
-        "shard_tokens": shard_tokens,
+        "dtype": token_dtype(sp.get_piece_size()).name,
+        "shard_tokens": options.shard_tokens,
         "validation": rule,
         "sources": {
             "train": _sources(train_files),
             "validation": _sources(validation_files),
         },
-        "on_error": on_error,
+        "on_error": options.on_error,
     }
-    return sp, proto, header, train_files, validation_files
+    return _Job(sp, proto, header, train_files, validation_files, options)
 
 
 def _prepare_locked(output_dir, job):
     """`prepare_data` in `output_dir`, under its lock."""
-    report = _Progress(job.progress, 0, 0)
+    report = _Progress(job.options.progress)
     state_path = os.path.join(output_dir, STATE_FILE)
     if os.path.exists(os.path.join(output_dir, INDEX_FILE)):
         return _already_prepared(output_dir, job, state_path)
     state = _start_or_resume(output_dir, job, state_path, report)
-    stop = {"completed": 0}
-
-    def on_complete():
-        stop["completed"] += 1
-        limit = job.stop_after_shards
-        if limit is not None and stop["completed"] >= limit:
-            raise _Interrupted()
-
     writers = {
         split: _ShardWriter(
             output_dir,
@@ -652,26 +629,11 @@ def _prepare_locked(output_dir, job):
             np.dtype(job.header["dtype"]),
             job.header["shard_tokens"],
             state["splits"][split],
-            on_complete,
         )
         for split in SPLITS
     }
     try:
-        totals = _run(
-            state,
-            state_path,
-            writers,
-            job.sp,
-            job.proto,
-            job.train_files,
-            job.validation_files,
-            job.validation_fraction,
-            job.workers,
-            job.on_error,
-            job.progress,
-        )
-    except _Interrupted:
-        return None
+        totals = _tokenize_all(job, state, state_path, writers)
     finally:
         for writer in writers.values():
             writer.close()
@@ -695,12 +657,11 @@ def _start_or_resume(output_dir, job, state_path, report):
     """The checkpointed state of an unfinished run of the same inputs, or a
     new one (written) for an empty directory."""
     if os.path.exists(state_path):
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
+        state = read_json(state_path)
         _check_same(
             output_dir, state, job.header, "an unfinished prepare_data run"
         )
-        state["on_error"] = job.on_error
+        state["on_error"] = job.options.on_error
         report.message(
             f"prepare_data: resuming the unfinished run in {output_dir}."
         )
@@ -715,7 +676,7 @@ def _start_or_resume(output_dir, job, state_path, report):
     state["position"] = {"source": 0, "read": list(ReadPosition())}
     state["skipped_before_source"] = 0
     state["splits"] = {split: dict(empty) for split in SPLITS}
-    _write_json(state_path, state)
+    write_json(state_path, state)
     return state
 
 
@@ -725,7 +686,10 @@ def _write_index(output_dir, job, state, state_path, writers, totals):
     skipped = state["skipped_before_source"]
     if not all(totals[split]["documents"] for split in SPLITS):
         error = _split_sizes_error(
-            totals, job.validation_fraction, job.validation_inputs, skipped
+            totals,
+            job.options.validation_fraction,
+            job.options.validation_inputs,
+            skipped,
         )
         for writer in writers.values():
             writer.remove_files()
@@ -740,9 +704,9 @@ def _write_index(output_dir, job, state, state_path, writers, totals):
     )
     index["skipped_lines"] = skipped
     index["splits"] = totals
-    _write_json(os.path.join(output_dir, INDEX_FILE), index)
+    write_json(os.path.join(output_dir, INDEX_FILE), index)
     os.remove(state_path)
-    _Progress(job.progress, 0, 0).message(
+    _Progress(job.options.progress).message(
         f"prepare_data: wrote {totals['train']['tokens']:,} training and "
         f"{totals['validation']['tokens']:,} validation tokens to {output_dir}"
         + (f" ({skipped} bad lines skipped)" if skipped else "")
@@ -751,40 +715,97 @@ def _write_index(output_dir, job, state, state_path, writers, totals):
     return index
 
 
-def _run(
-    state,
-    state_path,
-    writers,
-    sp,
-    proto,
-    train_files,
-    validation_files,
-    fraction,
-    workers,
-    on_error,
-    progress,
-):
+def _tokenize_all(job, state, state_path, writers):
     """Tokenizes from the checkpointed position to the end; returns the
     split totals. Updates `state` and checkpoints it to `state_path`."""
-    sources = [train_files] + ([validation_files] if validation_files else [])
-    all_validation = [None, True] if not validation_files else [False, True]
-    sizes = [sum(os.path.getsize(f) for f in files) for files in sources]
-    position = state["position"]
-    done_before = sum(sizes[: position["source"]])
+    return _Tokenization(job, state, state_path, writers).run()
 
-    def chunks():
+
+def _start_pool(job, dtype):
+    """The worker processes of a run with `workers > 1`.
+
+    fork: workers start at once and do not re-import keras_mhf (whose
+    package imports Keras). They only run SentencePiece, numpy and hashlib,
+    never JAX, so JAX's warning that forking a process that uses it may
+    deadlock (in the child, if it used JAX) does not apply.
+    """
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("fork" if "fork" in methods else None)
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore",
+            message=r"os\.fork\(\) was called",
+            category=RuntimeWarning,
+        )
+        return context.Pool(
+            job.options.workers,
+            initializer=_init_worker,
+            initargs=(
+                job.proto,
+                job.sp.bos_id(),
+                dtype,
+                job.options.validation_fraction,
+            ),
+        )
+
+
+class _Tokenization:
+    """One tokenization pass of `prepare_data`, from the checkpointed
+    position (`state["position"]`) to the end of the inputs: reads chunks of
+    documents, tokenizes them (in worker processes when `workers > 1`),
+    appends them to the split writers in input order, and checkpoints
+    `state` whenever a shard completes or `CHECKPOINT_SECONDS` passed."""
+
+    def __init__(self, job, state, state_path, writers):
+        self.job, self.state, self.state_path = job, state, state_path
+        self.writers = writers
+        self.sources = [job.train_files]
+        if job.validation_files:
+            self.sources.append(job.validation_files)
+        # Per source: None (the split follows each document's score) or
+        # whether every document is for validation.
+        self.all_validation = [None if not job.validation_files else False]
+        self.all_validation.append(True)
+        self.sizes = [
+            sum(os.path.getsize(f) for f in files) for files in self.sources
+        ]
+        self.position = state["position"]
+        total = sum(self.sizes)
+        self.report = _Progress(
+            job.options.progress, total, min(self._start_bytes(), total)
+        )
+        self.tokens_done = 0
+        self.last_checkpoint = time.monotonic()
+        self.completed_before = self._completed()
+
+    def _start_bytes(self):
+        """Input bytes before the checkpointed position."""
+        source = self.position["source"]
+        file_index, offset = self.position["read"][:2]
+        done = sum(self.sizes[:source])
+        if source < len(self.sources):
+            files = self.sources[source]
+            done += sum(os.path.getsize(f) for f in files[:file_index])
+            done += offset if file_index < len(files) else 0
+        return done
+
+    def _completed(self):
+        return [len(w.shards) for w in self.writers.values()]
+
+    def _chunks(self):
         """(source, texts, end position, bytes read); texts=None marks the
-        end of a source."""
-        for source in range(position["source"], len(sources)):
-            start = (
-                ReadPosition(*position["read"])
-                if source == position["source"]
-                else None
-            )
+        end of a source (`end` is then its count of skipped lines)."""
+        position = self.position
+        for source in range(position["source"], len(self.sources)):
+            start = None
+            if source == position["source"]:
+                start = ReadPosition(*position["read"])
             reader = DocumentReader(
-                sources[source], on_error=on_error, start=start
+                self.sources[source],
+                on_error=self.job.options.on_error,
+                start=start,
             )
-            before = sum(sizes[:source])
+            before = sum(self.sizes[:source])
             texts, chars, end = [], 0, None
             for document in reader:
                 texts.append(document.text)
@@ -795,98 +816,79 @@ def _run(
                     texts, chars = [], 0
             if texts:
                 yield source, texts, end, before + reader.bytes_read
-            yield source, None, reader.skipped, before + sizes[source]
+            yield source, None, reader.skipped, before + self.sizes[source]
 
-    start_bytes = done_before
-    if position["source"] < len(sources):
-        file_index = position["read"][0]
-        files = sources[position["source"]]
-        start_bytes += sum(os.path.getsize(f) for f in files[:file_index])
-        start_bytes += position["read"][1] if file_index < len(files) else 0
-    report = _Progress(progress, sum(sizes), min(start_bytes, sum(sizes)))
-    tokens_done = 0
-    last_checkpoint = time.monotonic()
-    completed_before = [len(w.shards) for w in writers.values()]
-
-    def checkpoint():
-        state["splits"] = {split: writers[split].state() for split in SPLITS}
-        _write_json(state_path, state)
-
-    def consume(source, texts, end, done_bytes, result):
-        nonlocal tokens_done, last_checkpoint, completed_before
-        if texts is None:  # the end of a source
-            state["skipped_before_source"] += end
-            position["source"], position["read"] = (
-                source + 1,
-                list(ReadPosition()),
+    def _submit(self, pool, source, texts):
+        """The (pending) tokenization of a chunk: `.get()` gives `_tokenize`'s
+        result."""
+        if texts is None:
+            return None
+        if pool is None:
+            sp = self.job.sp
+            return _Done(
+                _tokenize(
+                    sp,
+                    sp.bos_id(),
+                    self.writers["train"].dtype,
+                    self.job.options.validation_fraction,
+                    texts,
+                    self.all_validation[source],
+                )
             )
+        task = (texts, self.all_validation[source])
+        return pool.apply_async(_tokenize_in_worker, (task,))
+
+    def _consume(self, source, texts, end, done_bytes, result):
+        """Appends a tokenized chunk (or ends a source), then checkpoints
+        when due and reports progress."""
+        position = self.position
+        if texts is None:  # the end of a source
+            self.state["skipped_before_source"] += end
+            position["source"] = source + 1
+            position["read"] = list(ReadPosition())
         else:
             tokens, lengths, is_validation = result.get()
             mask = np.repeat(is_validation, lengths)
-            writers["train"].append(tokens[~mask], lengths[~is_validation])
-            writers["validation"].append(tokens[mask], lengths[is_validation])
-            tokens_done += tokens.size
+            train, validation = (
+                self.writers["train"],
+                self.writers["validation"],
+            )
+            train.append(tokens[~mask], lengths[~is_validation])
+            validation.append(tokens[mask], lengths[is_validation])
+            self.tokens_done += tokens.size
             position["source"], position["read"] = source, list(end)
-        completed = [len(w.shards) for w in writers.values()]
+        completed = self._completed()
         now = time.monotonic()
         if (
-            completed != completed_before
-            or now - last_checkpoint >= CHECKPOINT_SECONDS
+            completed != self.completed_before
+            or now - self.last_checkpoint >= CHECKPOINT_SECONDS
         ):
-            checkpoint()
-            last_checkpoint, completed_before = now, completed
-        report.update(done_bytes, tokens_done)
+            self.state["splits"] = {
+                split: self.writers[split].state() for split in SPLITS
+            }
+            write_json(self.state_path, self.state)
+            self.last_checkpoint, self.completed_before = now, completed
+        self.report.update(done_bytes, self.tokens_done)
 
-    dtype = writers["train"].dtype
-    pool = None
-    if workers > 1:
-        # fork: workers start at once and do not re-import keras_mhf (whose
-        # package imports Keras). They only run SentencePiece, numpy and
-        # hashlib, never JAX, so JAX's warning that forking a process that
-        # uses it may deadlock (in the child, if it used JAX) does not apply.
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context(
-            "fork" if "fork" in methods else None
-        )
-        with warnings.catch_warnings():
-            warnings.filterwarnings(
-                "ignore",
-                message=r"os\.fork\(\) was called",
-                category=RuntimeWarning,
-            )
-            pool = context.Pool(
-                workers,
-                initializer=_init_worker,
-                initargs=(proto, sp.bos_id(), dtype, fraction),
-            )
-    try:
-        in_flight = collections.deque()
-        for source, texts, end, done_bytes in chunks():
-            if texts is None:
-                result = None
-            elif pool is None:
-                result = _Done(
-                    _tokenize(
-                        sp,
-                        sp.bos_id(),
-                        dtype,
-                        fraction,
-                        texts,
-                        all_validation[source],
-                    )
-                )
-            else:
-                task = (texts, all_validation[source])
-                result = pool.apply_async(_tokenize_in_worker, (task,))
-            in_flight.append((source, texts, end, done_bytes, result))
-            while len(in_flight) > 2 * workers:
-                consume(*in_flight.popleft())
-        while in_flight:
-            consume(*in_flight.popleft())
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-    totals = {split: writers[split].finish() for split in SPLITS}
-    report.update(sum(sizes), tokens_done, final=True)
-    return totals
+    def run(self):
+        """Tokenizes to the end; returns the split totals."""
+        workers = self.job.options.workers
+        pool = None
+        if workers > 1:
+            pool = _start_pool(self.job, self.writers["train"].dtype)
+        try:
+            in_flight = collections.deque()
+            for source, texts, end, done_bytes in self._chunks():
+                result = self._submit(pool, source, texts)
+                in_flight.append((source, texts, end, done_bytes, result))
+                while len(in_flight) > 2 * workers:
+                    self._consume(*in_flight.popleft())
+            while in_flight:
+                self._consume(*in_flight.popleft())
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+        totals = {split: self.writers[split].finish() for split in SPLITS}
+        self.report.finish(sum(self.sizes), self.tokens_done)
+        return totals

@@ -21,11 +21,14 @@ first = corpus.read("train", 0, 17)  # int32, may cross shard boundaries
 """
 
 import hashlib
-import json
 import os
 import time
 
 import numpy as np
+
+from keras_mhf.utils.files import check_format
+from keras_mhf.utils.files import file_sha256
+from keras_mhf.utils.files import read_json
 
 FORMAT = "keras_mhf.prepared_corpus"
 FORMAT_VERSION = 1
@@ -35,15 +38,17 @@ SPLITS = ("train", "validation")
 TOKEN_DTYPES = ("uint16", "uint32")
 
 
-def tokenizer_fingerprint(path_or_bytes):
-    """sha256 hex digest of a tokenizer model file or of its bytes.
+def tokenizer_file_sha256(path_or_bytes):
+    """sha256 hex digest of a tokenizer model file or of its bytes: which
+    file the corpus was prepared with (not how it tokenizes, see
+    the models' `tokenization_fingerprint`).
 
     Args:
         path_or_bytes: path of a SentencePiece `.model` file, or its bytes.
 
     Example:
 
-    >>> tokenizer_fingerprint(b"")[:16]
+    >>> tokenizer_file_sha256(b"")[:16]
     'e3b0c44298fc1c14'
     """
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
@@ -54,25 +59,16 @@ def tokenizer_fingerprint(path_or_bytes):
     return file_sha256(path)
 
 
-def file_sha256(path):
-    """sha256 hex digest of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fingerprint_of(tokenizer):
-    """Fingerprint of a path, bytes, a KerasHub SentencePiece tokenizer
+def _sha256_of(tokenizer):
+    """The tokenizer file's sha256 of a path, bytes, a KerasHub SentencePiece tokenizer
     (`.proto`) or a `sentencepiece.SentencePieceProcessor`."""
     if isinstance(tokenizer, (str, os.PathLike, bytes, bytearray, memoryview)):
-        return tokenizer_fingerprint(tokenizer)
+        return tokenizer_file_sha256(tokenizer)
     proto = getattr(tokenizer, "proto", None)
     if isinstance(proto, (str, os.PathLike, bytes, bytearray)):
-        return tokenizer_fingerprint(proto)
+        return tokenizer_file_sha256(proto)
     if hasattr(tokenizer, "serialized_model_proto"):
-        return tokenizer_fingerprint(tokenizer.serialized_model_proto())
+        return tokenizer_file_sha256(tokenizer.serialized_model_proto())
     raise TypeError(
         "check_tokenizer expects a tokenizer .model path, its bytes, a "
         "KerasHub SentencePiece tokenizer or a "
@@ -114,21 +110,23 @@ def read_index(directory):
             "create one with tools/prepare_data.py."
         )
     try:
-        with open(path, encoding="utf-8") as f:
-            index = json.load(f)
+        index = read_json(path)
     except ValueError as error:
         raise ValueError(
             f"{path} is not valid JSON ({error}); re-run tools/prepare_data.py "
             "into a new directory."
         ) from error
-    if not isinstance(index, dict) or index.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a keras_mhf prepared-corpus index.")
-    if index.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
-            f"{path} has format version {index.get('format_version')!r}; this "
-            f"keras_mhf reads version {FORMAT_VERSION}. Re-run "
-            "tools/prepare_data.py with this version of keras_mhf."
-        )
+    check_format(
+        index,
+        FORMAT,
+        FORMAT_VERSION,
+        lambda: ValueError(f"{path} is not a keras_mhf prepared-corpus index."),
+        lambda found: ValueError(
+            f"{path} has format version {found!r}; this keras_mhf reads "
+            f"version {FORMAT_VERSION}. Re-run tools/prepare_data.py with "
+            "this version of keras_mhf."
+        ),
+    )
     if index.get("complete") is not True:
         raise ValueError(
             f"{path} is not marked complete; re-run tools/prepare_data.py with "
@@ -209,7 +207,7 @@ class PreparedCorpus:
         return self.index["tokenizer"]["bos_id"]
 
     @property
-    def tokenizer_fingerprint(self):
+    def tokenizer_sha256(self):
         """sha256 hex digest of the tokenizer model file used."""
         return self.index["tokenizer"]["sha256"]
 
@@ -331,11 +329,11 @@ class PreparedCorpus:
         corpus.check_tokenizer(causal_lm.preprocessor.tokenizer)
         ```
         """
-        found = _fingerprint_of(tokenizer)
-        if found != self.tokenizer_fingerprint:
+        found = _sha256_of(tokenizer)
+        if found != self.tokenizer_sha256:
             raise ValueError(
                 f"{self.directory} was prepared with tokenizer sha256 "
-                f"{self.tokenizer_fingerprint[:16]}..., the model's tokenizer "
+                f"{self.tokenizer_sha256[:16]}..., the model's tokenizer "
                 f"is {found[:16]}...; re-run tools/prepare_data.py with the "
                 "model's tokenizer."
             )

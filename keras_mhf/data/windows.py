@@ -11,8 +11,9 @@ uninterrupted run reads from step `s` on, and nothing before it. Process `p`
 of `P` reads rows `[p * b, (p + 1) * b)` of every global batch,
 `b = batch_size // P`.
 
-Numpy only, except that `window_dataset` imports `grain` to return a
-`grain.MapDataset`.
+Numpy only (arguments are checked with
+`keras_mhf.utils.keras_utils.check_positive_ints`), except that
+`window_dataset` imports `grain` to return a `grain.MapDataset`.
 
 Example:
 
@@ -31,7 +32,9 @@ import os
 
 import numpy as np
 
+from keras_mhf.data.packing import blocks_to_features
 from keras_mhf.data.prepared_corpus import PreparedCorpus
+from keras_mhf.utils.keras_utils import check_positive_ints
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -85,11 +88,19 @@ def _open(corpus):
     )
 
 
-def _int_at_least(name, value, minimum=1):
+def _positive_int(owner, name, value):
+    """`value` as an int, after `check_positive_ints`."""
+    check_positive_ints(owner, **{name: value})
+    return int(value)
+
+
+def _non_negative_int(owner, name, value):
+    """`value` as an int, refusing anything but an int >= 0 (a step or a
+    process index, where `check_positive_ints` is for counts)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}.")
+        raise ValueError(f"{owner}: `{name}` must be an int; got {value!r}.")
+    if value < 0:
+        raise ValueError(f"{owner}: `{name}` must be >= 0; got {value}.")
     return int(value)
 
 
@@ -103,22 +114,6 @@ def _check_length(corpus, split, sequence_length):
             "shorter sequence_length or prepare more data."
         )
     return tokens
-
-
-def windows_to_features(windows):
-    """int32 `[b, L+1]` windows -> `(x, y, sample_weight)` as
-    `blocks_to_features` returns them (contiguous arrays).
-
-    Example:
-
-    ```python
-    x, y, sample_weight = windows_to_features(validation_windows(corpus, 16, 8))
-    ```
-    """
-    token_ids = np.ascontiguousarray(windows[:, :-1])
-    x = {"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)}
-    y = np.ascontiguousarray(windows[:, 1:])
-    return x, y, np.ones(y.shape, "float32")
 
 
 class WindowSampler:
@@ -154,10 +149,18 @@ class WindowSampler:
     ):
         self.corpus = _open(corpus)
         self.split = split
-        self.sequence_length = _int_at_least("sequence_length", sequence_length)
-        self.batch_size = _int_at_least("batch_size", batch_size)
-        self.process_count = _int_at_least("process_count", process_count)
-        self.process_index = _int_at_least("process_index", process_index, 0)
+        check_positive_ints(
+            "WindowSampler",
+            sequence_length=sequence_length,
+            batch_size=batch_size,
+            process_count=process_count,
+        )
+        self.sequence_length = int(sequence_length)
+        self.batch_size = int(batch_size)
+        self.process_count = int(process_count)
+        self.process_index = _non_negative_int(
+            "WindowSampler", "process_index", process_index
+        )
         if self.process_index >= self.process_count:
             raise ValueError(
                 f"process_index must be in [0, {self.process_count}), got "
@@ -193,7 +196,7 @@ class WindowSampler:
         return self.corpus.windows(self.split, starts, self.sequence_length + 1)
 
     def __call__(self, step):
-        return windows_to_features(self.windows(step))
+        return blocks_to_features(self.windows(step))
 
 
 def window_dataset(
@@ -254,12 +257,12 @@ def window_dataset(
         process_index,
         process_count,
     )
-    start_step = _int_at_least("start_step", start_step, 0)
+    start_step = _non_negative_int("window_dataset", "start_step", start_step)
     if num_steps is None:
         raise ValueError(
             "Pass num_steps, the number of batches the dataset holds."
         )
-    num_steps = _int_at_least("num_steps", num_steps)
+    num_steps = _positive_int("window_dataset", "num_steps", num_steps)
     return grain.MapDataset.range(start_step, start_step + num_steps).map(
         sampler
     )
@@ -289,14 +292,16 @@ def validation_windows(corpus, sequence_length, count=None, split="validation"):
     ```
     """
     corpus = _open(corpus)
-    sequence_length = _int_at_least("sequence_length", sequence_length)
+    sequence_length = _positive_int(
+        "validation_windows", "sequence_length", sequence_length
+    )
     tokens = _check_length(corpus, split, sequence_length)
     window = sequence_length + 1
     available = tokens // window
     count = (
         available
         if count is None
-        else min(_int_at_least("count", count), available)
+        else min(_positive_int("validation_windows", "count", count), available)
     )
     starts = np.arange(count, dtype=np.int64) * window
     return corpus.windows(split, starts, window)

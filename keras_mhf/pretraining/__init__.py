@@ -53,8 +53,7 @@ The modules, in the order a run uses them:
 | module | holds |
 |---|---|
 | `errors` | `RunConfigError`, `CheckpointError`, `NonFinite*Error` |
-| `hooks` | `event`, the instrumentation point (fault injection, timing) |
-| `files` | sha256, fsync and atomic writes |
+| `hooks` | `event`, the instrumentation point (faults, timing, `Stop`) |
 | `config` | `RunConfig`, process layout, `run_scope`, compilation cache |
 | `data` | tokenizer sample and training, `RunData`, `load_data` |
 | `logs` | `log.csv` rows (`write_log_row`, `trim_log`), `plot_log` |
@@ -68,10 +67,11 @@ The modules, in the order a run uses them:
 `DiskFullError` and `OutputLockedError` (from `keras_mhf.utils`) are
 re-exported here too. The run's API is re-exported here; the helpers the
 modules share (e.g.
-`config.is_primary`, `checkpoints.check_finite`, the `files` functions) are
+`config.is_primary`, `checkpoints.check_finite`, `keras_mhf.utils.files`) are
 imported from their module. To replace something for a test or a tool,
 patch the module that defines it, which is where the run looks it up
-(e.g. `keras_mhf.pretraining.hooks.event`,
+(e.g. `keras_mhf.pretraining.hooks.event`, the same module as
+`keras_mhf.utils.hooks`,
 `keras_mhf.pretraining.training.train_chunk`,
 `keras_mhf.pretraining.checkpoints.KEEP_CHECKPOINTS`); rebinding a name of
 this package changes nothing.
@@ -141,5 +141,6 @@ from keras_mhf.pretraining.training import train_chunk
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
 from keras_mhf.pretraining.validation import validate_final_model
+from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.output_lock import OutputLockedError

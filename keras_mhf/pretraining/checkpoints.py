@@ -10,7 +10,6 @@ nothing non-finite is ever written (`check_finite`).
 """
 
 import gc
-import json
 import math
 import os
 import re
@@ -22,7 +21,6 @@ import numpy as np
 
 from keras_mhf.models.lora import lora_layers
 from keras_mhf.models.lora import unmerged_lora
-from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.config import writing_alone
@@ -30,15 +28,18 @@ from keras_mhf.pretraining.errors import CheckpointError
 from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.errors import NonFiniteWeightsError
 from keras_mhf.pretraining.errors import RunConfigError
-from keras_mhf.pretraining.files import file_sha256
-from keras_mhf.pretraining.files import fsync_directory
-from keras_mhf.pretraining.files import fsync_file
-from keras_mhf.pretraining.files import write_atomically
 from keras_mhf.pretraining.logs import trim_log
+from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
 from keras_mhf.utils.disk_space import directory_bytes
 from keras_mhf.utils.disk_space import is_disk_full
+from keras_mhf.utils.files import check_format
+from keras_mhf.utils.files import file_sha256
+from keras_mhf.utils.files import fsync_directory
+from keras_mhf.utils.files import fsync_file
+from keras_mhf.utils.files import read_json
+from keras_mhf.utils.files import write_json
 
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_FORMAT = "keras_mhf.pretraining_checkpoint"
@@ -117,8 +118,7 @@ def record_run(config, data):
     wanted = run_settings(config, data)
     if os.path.exists(path):
         try:
-            with open(path, encoding="utf-8") as f:
-                found = json.load(f)["settings"]
+            found = read_json(path)["settings"]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise RunConfigError(
                 f"{path} is unreadable ({error}); delete it only if "
@@ -134,10 +134,7 @@ def record_run(config, data):
             )
         return
     if is_primary():
-        write_atomically(
-            path,
-            json.dumps({"settings": wanted}, indent=1).encode("utf-8"),
-        )
+        write_json(path, {"settings": wanted})
 
 
 def _optimizer_settings(config):
@@ -198,17 +195,19 @@ def read_checkpoint(directory):
     """
     state_path = os.path.join(directory, STATE_FILE)
     try:
-        with open(state_path, encoding="utf-8") as f:
-            state = json.load(f)
+        state = read_json(state_path)
     except (OSError, ValueError) as error:
         raise CheckpointError(f"its {STATE_FILE} is unreadable ({error})")
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"its {STATE_FILE} is not a checkpoint state")
-    if state.get("format_version") != CHECKPOINT_VERSION:
-        raise CheckpointError(
-            f"it has format version {state.get('format_version')!r}, this "
-            f"keras_mhf reads {CHECKPOINT_VERSION}"
-        )
+    check_format(
+        state,
+        CHECKPOINT_FORMAT,
+        CHECKPOINT_VERSION,
+        lambda: CheckpointError(f"its {STATE_FILE} is not a checkpoint state"),
+        lambda found: CheckpointError(
+            f"it has format version {found!r}, this keras_mhf reads "
+            f"{CHECKPOINT_VERSION}"
+        ),
+    )
     weights = os.path.join(directory, state["weights"]["file"])
     if not os.path.isfile(weights):
         raise CheckpointError(f"{weights} is missing")
@@ -593,10 +592,7 @@ def _write_checkpoint(
             "bytes": os.path.getsize(lora),
             "sha256": file_sha256(lora),
         }
-    write_atomically(
-        os.path.join(temporary, STATE_FILE),
-        json.dumps(state, indent=1).encode("utf-8"),
-    )
+    write_json(os.path.join(temporary, STATE_FILE), state)
     fsync_directory(temporary)
     hooks.event("checkpoint_complete", path=temporary)
 

@@ -119,121 +119,17 @@ class RunConfig:
         return os.path.join(self.output_dir, name)
 
     def validate(self):
-        """Raises `RunConfigError` naming every invalid setting.
+        """Raises `RunConfigError` naming every invalid setting (the rules of
+        `_RULES`, in order).
 
         Checks what can be checked without data or devices; `run_scope`
         checks the batch size against the device mesh and `load_data` the
         corpus length.
         """
         problems = []
-        for name in (
-            "sequence_length",
-            "steps",
-            "batch_size",
-            "checkpoint_every",
-            "validation_blocks",
-            "vocabulary_size",
-        ):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                problems.append(
-                    f"{_flag(name)} must be an integer >= 1, got {value!r}"
-                )
-        for name in ("warmup_steps", "extra_layers", "seed"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                problems.append(
-                    f"{_flag(name)} must be an integer >= 0, got {value!r}"
-                )
-        if self.workers is not None and (
-            not _is_int(self.workers) or self.workers < 1
-        ):
-            problems.append(
-                f"--workers must be an integer >= 1, got {self.workers!r}"
-            )
-        if not _is_finite_number(self.learning_rate) or self.learning_rate <= 0:
-            problems.append(
-                "--learning-rate must be a finite number > 0, got "
-                f"{self.learning_rate!r}"
-            )
-        if not _is_finite_number(self.weight_decay) or self.weight_decay < 0:
-            problems.append(
-                "--weight-decay must be a finite number >= 0, got "
-                f"{self.weight_decay!r}"
-            )
-        if not (
-            _is_finite_number(self.validation_fraction)
-            and 0 < self.validation_fraction < 1
-        ):
-            problems.append(
-                "--validation-fraction must be between 0 and 1 (exclusive), "
-                f"got {self.validation_fraction!r}"
-            )
-        for name in ("calibrate", "verify_data", "train_tables"):
-            value = getattr(self, name)
-            if not isinstance(value, (bool, np.bool_)):
-                problems.append(f"{name} must be True or False, got {value!r}")
-        if self.model not in MODELS:
-            problems.append(
-                f"--model must be 'mhf' or 'standard', got {self.model!r}"
-            )
-        if self.signature_rule not in SIGNATURE_RULES:
-            problems.append(
-                f"signature_rule must be one of {SIGNATURE_RULES}, got "
-                f"{self.signature_rule!r}"
-            )
-        if self.distribution not in DISTRIBUTIONS:
-            problems.append(
-                "--distribution must be 'data' or 'model' (or left out), got "
-                f"{self.distribution!r}"
-            )
-        if self.data is None or (
-            isinstance(self.data, (str, list, tuple)) and not self.data
-        ):
-            problems.append("--data is required: a prepared directory or text")
-        if not self.output_dir:
-            problems.append("--output is required")
-        if self.initial_preset is not None:
-            problems += self._check_initial_preset()
-        elif self.lora_rank is not None or self.train_tables is True:
-            problems.append(
-                "--lora-rank and --train-tables need a preset to fine-tune "
-                "(initial_preset)"
-            )
-        try:
-            if self.initial_preset is None:
-                _, hashes = parse_architecture(self.architecture)
-        except ValueError as error:
-            problems.append(str(error).rstrip("."))
-        else:
-            if (
-                self.initial_preset is None
-                and self.model == "mhf"
-                and hashes is None
-            ):
-                problems.append(
-                    f"--architecture {self.architecture} has no hash part; "
-                    "an MHF model needs '<trunk>_h<H>b<B>' (e.g. tiny_h3b512)"
-                )
-        if self.model == "mhf" and _is_int(self.extra_layers):
-            if self.extra_layers:
-                problems.append(
-                    "--extra-layers applies to --model standard (Standard+kL)"
-                )
-        if self.compilation_cache is not None and not isinstance(
-            self.compilation_cache, (str, os.PathLike)
-        ):
-            problems.append(
-                "--compilation-cache must be a directory, 'auto' or 'none', "
-                f"got {self.compilation_cache!r}"
-            )
-        if self.mesh is not None:
-            from keras_mhf.distribution import parse_mesh
-
-            try:
-                parse_mesh(self.mesh)
-            except ValueError as error:
-                problems.append(str(error).rstrip("."))
+        for name, check in _RULES:
+            found = check(self, name, getattr(self, name))
+            problems += [found] if isinstance(found, str) else found or []
         if problems:
             raise RunConfigError("; ".join(problems) + ".")
         if self.warmup_steps >= self.steps and self.steps > 1:
@@ -269,7 +165,7 @@ class RunConfig:
         if self.tokenizer is None:
             self.tokenizer = tokenizer
         elif os.path.abspath(self.tokenizer) != os.path.abspath(tokenizer):
-            from keras_mhf.pretraining.files import file_sha256
+            from keras_mhf.utils.files import file_sha256
 
             if not os.path.isfile(self.tokenizer) or file_sha256(
                 self.tokenizer
@@ -292,6 +188,173 @@ def _is_finite_number(value):
         and not isinstance(value, bool)
         and math.isfinite(value)
     )
+
+
+def _rule(ok, message):
+    """The check of one setting: `message`, formatted with the setting's
+    `flag`, `name` and `value`, unless `ok(value)`."""
+
+    def check(config, name, value):
+        if not ok(value):
+            return message.format(flag=_flag(name), name=name, value=value)
+        return None
+
+    return check
+
+
+def _check_preset(config, name, preset):
+    """A run from a preset (`RunConfig._check_initial_preset`), or none of
+    the settings that need one."""
+    if preset is not None:
+        return config._check_initial_preset()
+    if config.lora_rank is not None or config.train_tables is True:
+        return (
+            "--lora-rank and --train-tables need a preset to fine-tune "
+            "(initial_preset)"
+        )
+    return None
+
+
+def _check_architecture(config, name, architecture):
+    """An architecture name that parses, with a hash part for an MHF model
+    (a preset decides its own)."""
+    if config.initial_preset is not None:
+        return None
+    try:
+        _, hashes = parse_architecture(architecture)
+    except ValueError as error:
+        return str(error).rstrip(".")
+    if config.model == "mhf" and hashes is None:
+        return (
+            f"--architecture {architecture} has no hash part; an MHF model "
+            "needs '<trunk>_h<H>b<B>' (e.g. tiny_h3b512)"
+        )
+    return None
+
+
+def _check_extra_layers(config, name, extra_layers):
+    if config.model == "mhf" and _is_int(extra_layers) and extra_layers:
+        return "--extra-layers applies to --model standard (Standard+kL)"
+    return None
+
+
+def _check_mesh(config, name, mesh):
+    if mesh is None:
+        return None
+    from keras_mhf.distribution import parse_mesh
+
+    try:
+        parse_mesh(mesh)
+    except ValueError as error:
+        return str(error).rstrip(".")
+    return None
+
+
+_AT_LEAST_1 = _rule(
+    lambda v: _is_int(v) and v >= 1,
+    "{flag} must be an integer >= 1, got {value!r}",
+)
+_AT_LEAST_0 = _rule(
+    lambda v: _is_int(v) and v >= 0,
+    "{flag} must be an integer >= 0, got {value!r}",
+)
+_TRUE_OR_FALSE = _rule(
+    lambda v: isinstance(v, (bool, np.bool_)),
+    "{name} must be True or False, got {value!r}",
+)
+
+# `RunConfig.validate`'s rules, in the order their problems are reported:
+# (setting, check), a check returning a problem, a list of them or `None`.
+# The preset's rule sets `model` and `architecture` from the preset, so it
+# comes before the rules that read them.
+_RULES = (
+    *(
+        (name, _AT_LEAST_1)
+        for name in (
+            "sequence_length",
+            "steps",
+            "batch_size",
+            "checkpoint_every",
+            "validation_blocks",
+            "vocabulary_size",
+        )
+    ),
+    *((name, _AT_LEAST_0) for name in ("warmup_steps", "extra_layers", "seed")),
+    (
+        "workers",
+        _rule(
+            lambda v: v is None or (_is_int(v) and v >= 1),
+            "{flag} must be an integer >= 1, got {value!r}",
+        ),
+    ),
+    (
+        "learning_rate",
+        _rule(
+            lambda v: _is_finite_number(v) and v > 0,
+            "{flag} must be a finite number > 0, got {value!r}",
+        ),
+    ),
+    (
+        "weight_decay",
+        _rule(
+            lambda v: _is_finite_number(v) and v >= 0,
+            "{flag} must be a finite number >= 0, got {value!r}",
+        ),
+    ),
+    (
+        "validation_fraction",
+        _rule(
+            lambda v: _is_finite_number(v) and 0 < v < 1,
+            "{flag} must be between 0 and 1 (exclusive), got {value!r}",
+        ),
+    ),
+    *(
+        (name, _TRUE_OR_FALSE)
+        for name in ("calibrate", "verify_data", "train_tables")
+    ),
+    (
+        "model",
+        _rule(
+            lambda v: v in MODELS,
+            "{flag} must be 'mhf' or 'standard', got {value!r}",
+        ),
+    ),
+    (
+        "signature_rule",
+        _rule(
+            lambda v: v in SIGNATURE_RULES,
+            f"signature_rule must be one of {SIGNATURE_RULES}, got {{value!r}}",
+        ),
+    ),
+    (
+        "distribution",
+        _rule(
+            lambda v: v in DISTRIBUTIONS,
+            "{flag} must be 'data' or 'model' (or left out), got {value!r}",
+        ),
+    ),
+    (
+        "data",
+        _rule(
+            lambda v: (
+                not (v is None or (isinstance(v, (str, list, tuple)) and not v))
+            ),
+            "--data is required: a prepared directory or text",
+        ),
+    ),
+    ("output_dir", _rule(bool, "--output is required")),
+    ("initial_preset", _check_preset),
+    ("architecture", _check_architecture),
+    ("extra_layers", _check_extra_layers),
+    (
+        "compilation_cache",
+        _rule(
+            lambda v: v is None or isinstance(v, (str, os.PathLike)),
+            "{flag} must be a directory, 'auto' or 'none', got {value!r}",
+        ),
+    ),
+    ("mesh", _check_mesh),
+)
 
 
 def process_layout():

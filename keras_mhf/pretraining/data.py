@@ -19,7 +19,7 @@ from keras_mhf.data import PreparedCorpus
 from keras_mhf.data import list_corpus_files
 from keras_mhf.data import prepare_data
 from keras_mhf.data import read_documents
-from keras_mhf.data import tokenizer_fingerprint
+from keras_mhf.data import tokenizer_file_sha256
 from keras_mhf.data import validation_score
 from keras_mhf.data import validation_windows
 from keras_mhf.data.prepared_corpus import INDEX_FILE
@@ -29,7 +29,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_tokenizer import (
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import RunConfigError
-from keras_mhf.pretraining.files import write_atomically
+from keras_mhf.utils.files import write_atomically
 
 # The tokenizer trained when none is given sees at most this much of the
 # training text (its first documents), so memory does not grow with the corpus.
@@ -208,7 +208,7 @@ def _tokenizer_for_prepared(config, corpus):
         return config.tokenizer
     recorded = corpus.index["tokenizer"].get("path")
     if recorded and os.path.isfile(recorded):
-        if tokenizer_fingerprint(recorded) == corpus.tokenizer_fingerprint:
+        if tokenizer_file_sha256(recorded) == corpus.tokenizer_sha256:
             return recorded
         problem = f"{recorded} has changed since (its sha256 differs)"
     else:
@@ -216,7 +216,7 @@ def _tokenizer_for_prepared(config, corpus):
     raise RunConfigError(
         f"{corpus.directory} was prepared with the tokenizer {recorded}, but "
         f"{problem}; pass --tokenizer with the .model file it was prepared "
-        f"with (sha256 {corpus.tokenizer_fingerprint[:16]}...)."
+        f"with (sha256 {corpus.tokenizer_sha256[:16]}...)."
     )
 
 

@@ -18,12 +18,11 @@ with `backbone.load_lora_weights`). `preset/` is the fine-tuned model with
 the adapters merged, loadable without LoRA.
 """
 
-import json
 import os
 
 from keras_mhf.pretraining.config import is_primary
-from keras_mhf.pretraining.files import write_atomically
 from keras_mhf.pretraining.run import pretrain
+from keras_mhf.utils.files import write_json
 
 # Fine-tuning defaults (pretrain's own are for training from scratch).
 FINETUNE_DEFAULTS = dict(
@@ -43,7 +42,6 @@ def finetune(
     output_dir,
     lora_rank=8,
     train_tables=False,
-    stop_after_chunks=None,
     **settings,
 ):
     """Fine-tunes the model of `preset` on `data` with LoRA of rank
@@ -60,7 +58,6 @@ def finetune(
         lora_rank: adapters' rank (>= 1), or `None` for full fine-tuning.
         train_tables: also train the hash tables (MHF) or the token
             embedding (Standard), e.g. after `expand_vocabulary`.
-        stop_after_chunks: as in `pretrain` (tests).
         **settings: the other fields of `RunConfig` (`steps`,
             `learning_rate`, `batch_size`, `sequence_length`,
             `validation_fraction`, ...); unset ones take
@@ -88,7 +85,6 @@ def finetune(
     lm, summary = pretrain(
         data,
         output_dir,
-        stop_after_chunks=stop_after_chunks,
         initial_preset=preset,
         lora_rank=lora_rank,
         train_tables=train_tables,
@@ -103,8 +99,7 @@ def finetune(
             lm.backbone.save_lora_weights(temporary)
             os.replace(temporary, path)
             summary["adapter"] = os.path.abspath(path)
-            write_atomically(
-                os.path.join(output_dir, "summary.json"),
-                json.dumps(summary, indent=2).encode("utf-8"),
+            write_json(
+                os.path.join(output_dir, "summary.json"), summary, indent=2
             )
     return lm, summary

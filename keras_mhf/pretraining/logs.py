@@ -40,9 +40,9 @@ from keras_mhf.calibration import raw_scores
 from keras_mhf.evaluation import _perplexity
 from keras_mhf.evaluation import paper_rule
 from keras_mhf.pretraining.config import is_primary
-from keras_mhf.pretraining.files import write_atomically
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
+from keras_mhf.utils.files import write_atomically
 
 LOG_FIELDS = [
     "step",

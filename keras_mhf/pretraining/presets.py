@@ -125,7 +125,7 @@ def preset_fingerprint(preset):
 
 @functools.lru_cache(maxsize=8)
 def _fingerprint(root, files):
-    from keras_mhf.pretraining.files import file_sha256
+    from keras_mhf.utils.files import file_sha256
 
     digest = hashlib.sha256()
     for name, _, _ in files:

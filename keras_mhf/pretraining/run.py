@@ -4,7 +4,6 @@ package docstring for the whole run)."""
 
 import contextlib
 import gc
-import json
 import os
 import re
 import shutil
@@ -26,18 +25,19 @@ from keras_mhf.pretraining.config import run_scope
 from keras_mhf.pretraining.config import writing_alone
 from keras_mhf.pretraining.data import load_data
 from keras_mhf.pretraining.errors import RunConfigError
-from keras_mhf.pretraining.files import fsync_directory
-from keras_mhf.pretraining.files import fsync_file
-from keras_mhf.pretraining.files import write_atomically
 from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row
 from keras_mhf.pretraining.validation import describe
 from keras_mhf.pretraining.validation import initial_validation
 from keras_mhf.pretraining.validation import validate_final_model
 from keras_mhf.pretraining.validation import validate_initial_model
+from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
 from keras_mhf.utils.disk_space import is_disk_full
+from keras_mhf.utils.files import fsync_directory
+from keras_mhf.utils.files import fsync_file
+from keras_mhf.utils.files import write_json
 from keras_mhf.utils.keras_utils import count_trainable_parameters
 from keras_mhf.utils.output_lock import output_lock
 
@@ -166,10 +166,7 @@ def _write_summary(config, summary):
     """`summary.json`, atomically; a failure to write it (e.g. a full disk)
     is reported as a warning, so it never hides the run's own error."""
     try:
-        write_atomically(
-            config.path("summary.json"),
-            json.dumps(summary, indent=2).encode("utf-8"),
-        )
+        write_json(config.path("summary.json"), summary, indent=2)
     except OSError as error:
         warnings.warn(
             f"Could not write {config.path('summary.json')}: {error}",
@@ -225,7 +222,7 @@ def _terminate_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
-def pretrain(data, output_dir, stop_after_chunks=None, **settings):
+def pretrain(data, output_dir, **settings):
     """Trains a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
     Args:
@@ -236,8 +233,6 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
         output_dir: where the checkpoints (`checkpoints/`), `log.csv`,
             `loss.png`, `summary.json`, the final preset (`preset/`) and, for
             raw text, the prepared data and trained tokenizer go.
-        stop_after_chunks: stop (as if killed) after this many chunks of
-            this call; for testing resumption.
         **settings: the fields of `RunConfig` (its docstring describes
             each).
 
@@ -249,7 +244,9 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
     is `"finished"`, `"incomplete"` (stopped early),
     `"failed"` (an error: `reason`, `error`) or `"interrupted"` (Ctrl-C,
     SIGTERM), with `last_good_step` and `checkpoint`, the checkpoint a
-    rerun resumes from.
+    rerun resumes from. A `keras_mhf.utils.hooks.event` hook that raises
+    `hooks.Stop` at `"chunk_start"` ends the run there, as `"incomplete"`
+    (tests of resumption use it).
 
     Returns:
         `(lm, summary)`: the trained model (an MHF model with its calibrated
@@ -291,7 +288,7 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
             )
         stack.enter_context(_terminate_as_exit())
         try:
-            lm, summary = _run(config, stop_after_chunks)
+            lm, summary = _run(config)
         except BaseException as error:
             # A run refused for its settings or data (raised before
             # training) writes nothing; every other exit is summarised.
@@ -310,7 +307,7 @@ def pretrain(data, output_dir, stop_after_chunks=None, **settings):
     return lm, summary
 
 
-def _run(config, stop_after_chunks):
+def _run(config):
     """The steps of `pretrain` (see the package docstring), under the
     output's lock; returns `(lm, summary)`."""
     with run_scope(config):
@@ -324,7 +321,9 @@ def _run(config, stop_after_chunks):
         started = time.time()
         chunks = 0
         while step < config.steps:
-            if stop_after_chunks is not None and chunks >= stop_after_chunks:
+            try:
+                hooks.event("chunk_start", step=step, chunks=chunks)
+            except hooks.Stop:
                 break
             last = min(
                 config.steps,

@@ -17,13 +17,13 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
     MultiHashFormerCausalLM,
 )
 from keras_mhf.models.standard.standard_causal_lm import standard_causal_lm
-from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining.checkpoints import check_finite
 from keras_mhf.pretraining.checkpoints import non_finite_stop
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.presets import load_initial_model
+from keras_mhf.utils import hooks
 
 
 def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):

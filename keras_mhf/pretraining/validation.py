@@ -14,14 +14,14 @@ MHF run and an MHF run without calibration (`calibrate=False`) of the same
 settings are compared on identical text.
 """
 
-import json
 import os
 import warnings
 
 from keras_mhf.calibration import MIN_TOKENS
 from keras_mhf.evaluation import perplexity
 from keras_mhf.pretraining.config import is_primary
-from keras_mhf.pretraining.files import write_atomically
+from keras_mhf.utils.files import read_json
+from keras_mhf.utils.files import write_json
 
 # Predicted positions of the temperature fit, at most (the first windows of
 # the fit half). The fit caches `tokens x V` float32 raw scores: 4096 tokens
@@ -219,7 +219,7 @@ def validate_initial_model(config, lm, data, step):
         line = describe(results).replace("Final ", "", 1)
         print("Before fine-tuning, " + line)
     if is_primary():
-        write_atomically(path, json.dumps(results, indent=1).encode("utf-8"))
+        write_json(path, results)
 
 
 def initial_validation(config):
@@ -227,5 +227,4 @@ def initial_validation(config):
     path = config.path(INITIAL_VALIDATION)
     if config.initial_preset is None or not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    return read_json(path)

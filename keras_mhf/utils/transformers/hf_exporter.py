@@ -13,8 +13,8 @@ import tempfile
 import keras
 import numpy as np
 
-from keras_mhf.pretraining.files import fsync_directory
-from keras_mhf.pretraining.files import fsync_file
+from keras_mhf.utils.files import fsync_directory
+from keras_mhf.utils.files import fsync_file
 from keras_mhf.utils.transformers import weight_names
 from keras_mhf.utils.transformers.safetensors_writer import write_safetensors
 from keras_mhf.utils.transformers.sentencepiece_tokenizer_files import (

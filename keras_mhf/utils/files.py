@@ -1,0 +1,126 @@
+"""Durable file reads and writes (no Keras): sha256 of a file, fsync, and
+atomic replacement, so that a crash leaves either the old or the new content
+of a file, never a partial one. Used by the data preparation, the
+pre-training run and the exporters.
+
+Example:
+
+```python
+import os
+import tempfile
+
+from keras_mhf.utils.files import file_sha256, read_json, write_json
+
+path = os.path.join(tempfile.mkdtemp(), "state.json")
+write_json(path, {"step": 3})
+read_json(path)  # {"step": 3}
+file_sha256(path)[:8]
+```
+"""
+
+import hashlib
+import json
+import os
+
+
+def file_sha256(path):
+    """The sha256 hex digest of a file, read in 1 MiB blocks.
+
+    Example:
+
+    ```python
+    file_sha256("runs/mhf/checkpoints/step_000300/model.weights.h5")
+    ```
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_file(path):
+    """Flushes a written file's content to disk."""
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_directory(path):
+    """Flushes a directory entry (a rename) to disk where the platform
+    allows opening directories."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+def write_atomically(path, data):
+    """Writes bytes to `path` through a flushed temporary file and a
+    rename, so `path` holds either its old or its new content.
+
+    Example:
+
+    ```python
+    write_atomically("runs/mhf/summary.json", b"{}")
+    ```
+    """
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+
+
+def write_json(path, data, indent=1):
+    """Writes `data` as UTF-8 JSON to `path` with `write_atomically`.
+
+    Example:
+
+    ```python
+    write_json("runs/mhf/summary.json", {"status": "finished"}, indent=2)
+    ```
+    """
+    write_atomically(path, json.dumps(data, indent=indent).encode("utf-8"))
+
+
+def read_json(path):
+    """The JSON value stored in the UTF-8 file `path`.
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: it is not valid JSON (`json.JSONDecodeError`).
+    """
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def check_format(record, name, version, not_this_format, other_version):
+    """Checks a JSON record (`read_json`'s value) that names its format and
+    version: raises `not_this_format()` unless it is a dict whose `"format"`
+    is `name`, and `other_version(found)` unless its `"format_version"` is
+    `version`; each callable returns the exception to raise.
+
+    Example:
+
+    ```python
+    check_format(
+        read_json(path),
+        "keras_mhf.prepared_corpus",
+        1,
+        lambda: ValueError(f"{path} is not a prepared-corpus index."),
+        lambda found: ValueError(f"{path} has format version {found!r}."),
+    )
+    ```
+    """
+    if not isinstance(record, dict) or record.get("format") != name:
+        raise not_this_format()
+    found = record.get("format_version")
+    if found != version:
+        raise other_version(found)
