@@ -33,6 +33,24 @@ BACKEND_INDEPENDENT = {
     "test_signature_table.py",
 }
 
+# Tests whose work runs in processes that choose their own backend (a
+# TensorFlow-only process loading an export; a command-line tool or recipe)
+# after a short in-process part that other tests already run on every
+# backend: they too run only in the JAX pass.
+ONCE_PER_SUITE = {
+    "test_export.py::test_ids_only_exports_load_with_tensorflow_alone",
+    "test_quantization.py::test_quantized_savedmodel_export",
+    "test_calibration.py::test_temperature_survives_savedmodel_export",
+    "test_lm_eval_adapter.py::test_lm_eval_command_on_local_tasks",
+    "test_vocabulary_expansion.py::test_recipe_on_shared_data",
+    "test_evaluation.py::test_evaluate_recipe_end_to_end",
+}
+
+
+def _runs_once(item):
+    name = f"{item.path.name}::{item.originalname}"
+    return item.path.name in BACKEND_INDEPENDENT or name in ONCE_PER_SUITE
+
 
 def pytest_collection_modifyitems(config, items):
     if keras.config.backend() != "jax":
@@ -40,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
             reason="backend-independent: runs once, under KERAS_BACKEND=jax"
         )
         for item in items:
-            if item.path.name in BACKEND_INDEPENDENT:
+            if _runs_once(item):
                 item.add_marker(once)
     if config.getoption("--run_large"):
         return

@@ -49,19 +49,13 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     """MultiHashFormer causal language model (KerasHub `CausalLM`).
 
     The functional output is the cascade's bucket logits `[b, s, H, B]`
-    (paper Sec. 3.3), and `fit` trains them with `SignatureCrossEntropy`
-    (Sec. 3.4, training): targets are mapped to signatures inside the model,
-    so a `[b, s, V]` tensor is never formed during training. `generate()` and
-    `score()` use token log-probabilities over the real vocabulary (Sec. 3.4,
-    inference: `keras_mhf.models.multi_hash_former.multi_hash_former_inference`),
-    so every KerasHub sampler works unchanged.
-
-    Build a new model with `from_tokenizer`, load one with `from_preset` (a
-    KerasHub preset directory or a Hugging Face checkpoint of the authors'
-    code), and grow the vocabulary with `expand_vocabulary` (no new
-    parameters). Token ids are validated where they enter (`fit`, `generate`,
-    `score`), and the attached tokenizer is checked against the signature
-    table whenever it changes.
+    (Sec. 3.3), trained by `SignatureCrossEntropy` on the targets'
+    signatures (Sec. 3.4, training); `generate` and `score` use token
+    log-probabilities over the real vocabulary (Sec. 3.4, inference:
+    `multi_hash_former_inference`), so every KerasHub sampler works. Build
+    with `from_tokenizer`, load with `from_preset` (a KerasHub preset or an
+    authors' Hugging Face checkpoint), grow with `expand_vocabulary` (no new
+    parameters). Token ids and the tokenizer are checked where they enter.
 
     Args:
         backbone: a `MultiHashFormerBackbone`.
@@ -170,6 +164,14 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         return inference.resolved_candidate_buckets(
             self.candidate_buckets, self.bucket_index, lookup.num_buckets
         )
+
+    def has_task_weights(self):
+        """Whether weights outside the backbone need saving: the bucket
+        index is derived from the table and never saved, so it does not
+        count (a preset holds only the backbone's weights)."""
+        derived = {id(w) for w in self.bucket_index.weights}
+        inside = {id(w) for w in self.backbone.weights} | derived
+        return any(id(w) not in inside for w in self.weights)
 
     # --- Construction -------------------------------------------------------
 
