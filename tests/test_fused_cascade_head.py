@@ -100,8 +100,9 @@ def assert_gradients_close(grads, ref_grads, rtol):
         assert np.abs(g - ref).max() <= rtol * scale
 
 
-@pytest.mark.parametrize("block_size", [4, 5, None])
-@pytest.mark.parametrize("weighted", [True, False])
+@pytest.mark.parametrize(
+    "block_size, weighted", [(5, True), (4, False), (None, True)]
+)
 def test_loss_and_every_gradient_equal_the_unchunked_head(
     lm, block_size, weighted
 ):
