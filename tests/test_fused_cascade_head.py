@@ -90,11 +90,12 @@ def loss_and_gradients(lm, x, y, sample_weight):
 
 
 def assert_gradients_close(grads, ref_grads, rtol):
-    """Each gradient within `rtol` of its own largest entry, with a floor of
-    `rtol` x the largest entry of all: the hash encoder's score bias has a
-    gradient that is zero in exact arithmetic (a shift of softmax scores),
-    and float32 rounding alone sets its value in both heads."""
-    floor = 1e-5 * max(np.abs(ref).max() for ref in ref_grads)
+    """Each gradient within `rtol` of its own largest entry; a gradient
+    below 1e-3 of the largest of all is held to `rtol` x that 1e-3 (an
+    absolute 1e-8 of the largest at `rtol=1e-5`): the hash encoder's score
+    bias has a gradient that is zero in exact arithmetic (a shift of softmax
+    scores), and float32 rounding alone sets its value in both heads."""
+    floor = 1e-3 * max(np.abs(ref).max() for ref in ref_grads)
     for g, ref in zip(grads, ref_grads):
         scale = max(np.abs(ref).max(), floor)
         assert np.abs(g - ref).max() <= rtol * scale

@@ -23,6 +23,20 @@ from keras_mhf.losses.signature_cross_entropy import signature_cross_entropy
 BLOCK_LOGITS = 2**24
 
 
+def _remat(function):
+    """`keras.remat(function)`, except in eager TensorFlow (`run_eagerly`,
+    a `GradientTape` outside `tf.function`), where `tf.recompute_grad`
+    counts the gradient of the decoder's variables twice (once through the
+    arguments, once as variables it saw read); there the block runs plain,
+    which is exact and holds one block's residuals per block."""
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if tf.executing_eagerly():
+            return function
+    return keras.remat(function)
+
+
 def automatic_block_size(num_hashes, num_buckets):
     """Positions per block so that one block's `H x B` logits are about
     `BLOCK_LOGITS` floats (at least 8 positions)."""
@@ -109,7 +123,7 @@ def fused_signature_loss(decoder, hidden_states, signatures, sample_weight,
             ops.take(x, index, axis=0) for x in blocked
         ]
 
-        @keras.remat
+        @_remat
         def block_loss(values, block_states):
             mapping = list(zip(variables, values))
             with keras.StatelessScope(state_mapping=mapping):
