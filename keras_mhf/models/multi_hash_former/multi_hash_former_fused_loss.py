@@ -17,6 +17,7 @@ import keras
 from keras import ops
 
 from keras_mhf.losses.signature_cross_entropy import signature_cross_entropy
+from keras_mhf.utils.keras_utils import tensorflow_executing_eagerly
 
 # Automatic block: about 2^24 float logits per block (64 MiB in float32 for
 # all H heads), e.g. 256 positions at H = 4, B = 16,384.
@@ -29,11 +30,8 @@ def _remat(function):
     counts the gradient of the decoder's variables twice (once through the
     arguments, once as variables it saw read); there the block runs plain,
     which is exact and holds one block's residuals per block."""
-    if keras.config.backend() == "tensorflow":
-        import tensorflow as tf
-
-        if tf.executing_eagerly():
-            return function
+    if tensorflow_executing_eagerly():
+        return function
     return keras.remat(function)
 
 
