@@ -20,11 +20,13 @@ from keras_mhf.distribution import make_distribution, check_batch_size
 from keras_mhf.models import MultiHashFormerCausalLM
 
 
-def build():
+def build(head_block_size=5):
+    # Block size 5 does not divide the 64 positions of a batch (fused head).
     keras.utils.set_random_seed(0)
     tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(61)]
     model = MultiHashFormerCausalLM.from_tokens(
-        tokens, "tiny_h3b64", pad_token_id=2, gate_dim=8, mixer_dim=8)
+        tokens, "tiny_h3b64", pad_token_id=2, gate_dim=8, mixer_dim=8,
+        head_block_size=head_block_size)
     model.compile(optimizer=keras.optimizers.SGD(0.1))
     return model
 
@@ -37,6 +39,10 @@ y = ids[:, 1:]
 single = build().fit(
     x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
 
+unchunked = build(0).fit(
+    x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
+np.testing.assert_allclose(single, unchunked, rtol=1e-5)
+
 keras.distribution.set_distribution(make_distribution("data"))
 data_parallel = build().fit(
     x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
@@ -45,7 +51,10 @@ np.testing.assert_allclose(data_parallel, single, atol=1e-5)
 dist = make_distribution("model", "2x4")
 keras.distribution.set_distribution(dist)
 model = build()
-model.fit(x, y, batch_size=8, epochs=1, verbose=0, shuffle=False)
+model_parallel = model.fit(
+    x, y, batch_size=8, epochs=2, verbose=0, shuffle=False).history["loss"]
+assert model_parallel[1] < model_parallel[0], model_parallel
+np.testing.assert_allclose(model_parallel, single, rtol=1e-3)
 specs = {v.path: tuple(v.value.sharding.spec) for v in model.weights}
 assert specs["hash_encoder/embeddings_0"] == ("model", "batch"), (
     specs["hash_encoder/embeddings_0"])

@@ -101,11 +101,12 @@ class CascadeHashDecoder(keras.layers.Layer):
             )
         self.built = True
 
-    def call(self, hidden_states):
-        leading_shape = ops.shape(hidden_states)[:-1]
-        state = ops.reshape(
-            ops.cast(hidden_states, self.compute_dtype), (-1, self.hidden_dim)
-        )
+    def head_logits(self, states):
+        """The cascade on flat rows: `states [n, d]` -> a list of the `H`
+        heads' bucket logits `[n, B]` (compute dtype). `call` stacks them;
+        the fused training head (`multi_hash_former_fused_loss`) runs it one
+        block of positions at a time."""
+        state = ops.cast(states, self.compute_dtype)
         logits = []
         for i in range(self.num_hashes):
             # Sec. 3.3 "Logit Computation": o_i = c_i E(i)^T.
@@ -121,7 +122,12 @@ class CascadeHashDecoder(keras.layers.Layer):
             # Sec. 3.3 "State Update via Cascade Mixer".
             mixed = self.down_denses[i](ops.concatenate([state, soft], axis=-1))
             state = state + self.up_denses[i](mixed)
-        logits = ops.stack(logits, axis=-2)
+        return logits
+
+    def call(self, hidden_states):
+        leading_shape = ops.shape(hidden_states)[:-1]
+        state = ops.reshape(hidden_states, (-1, self.hidden_dim))
+        logits = ops.stack(self.head_logits(state), axis=-2)
         return ops.reshape(
             logits, tuple(leading_shape) + (self.num_hashes, self.num_buckets)
         )

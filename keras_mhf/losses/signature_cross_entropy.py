@@ -2,6 +2,19 @@ import keras
 from keras import ops
 
 
+def signature_cross_entropy(y_true, y_pred):
+    """Per-position loss `sum_i CE(o_i, y_true_i)` (float32), without any
+    reduction: int `y_true [..., H]`, float `y_pred [..., H, B]` -> `[...]`.
+    Shared by `SignatureCrossEntropy` and the fused training head."""
+    logits = ops.cast(y_pred, "float32")
+    targets = ops.cast(y_true, "int32")
+    # CE = logsumexp(o_i) - o_i[target_i], per head, in float32.
+    normalizer = ops.logsumexp(logits, axis=-1)
+    target_logits = ops.take_along_axis(logits, targets[..., None], axis=-1)
+    per_head = normalizer - target_logits[..., 0]
+    return ops.sum(per_head, axis=-1)
+
+
 @keras.saving.register_keras_serializable(package="keras_mhf")
 class SignatureCrossEntropy(keras.losses.Loss):
     """Sum over heads of the bucket cross-entropy (paper Sec. 3.4, training).
@@ -40,13 +53,7 @@ class SignatureCrossEntropy(keras.losses.Loss):
         super().__init__(reduction=reduction, name=name, **kwargs)
 
     def call(self, y_true, y_pred):
-        logits = ops.cast(y_pred, "float32")
-        targets = ops.cast(y_true, "int32")
-        # CE = logsumexp(o_i) - o_i[target_i], per head, in float32.
-        normalizer = ops.logsumexp(logits, axis=-1)
-        target_logits = ops.take_along_axis(logits, targets[..., None], axis=-1)
-        per_head = normalizer - target_logits[..., 0]
-        return ops.sum(per_head, axis=-1)
+        return signature_cross_entropy(y_true, y_pred)
 
     def get_config(self):
         return super().get_config()

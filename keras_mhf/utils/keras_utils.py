@@ -197,3 +197,13 @@ def text_fit(x, args, kwargs):
         yield
     finally:
         absl_logger.removeFilter(quiet)
+
+
+def tensorflow_executing_eagerly():
+    """True under the TensorFlow backend outside `tf.function` (eager
+    training, `run_eagerly=True`); False on other backends."""
+    if keras.config.backend() != "tensorflow":
+        return False
+    import tensorflow as tf
+
+    return tf.executing_eagerly()

@@ -6,6 +6,9 @@ from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models.causal_lm_inputs import check_score_arguments
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
+    multi_hash_former_fused_loss as fused_loss,
+)
+from keras_mhf.models.multi_hash_former import (
     multi_hash_former_inference as inference,
 )
 from keras_mhf.models.multi_hash_former import (
@@ -50,8 +53,10 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     The functional output is the cascade's bucket logits `[b, s, H, B]`
     (Sec. 3.3), trained by `SignatureCrossEntropy` on the targets'
-    signatures (Sec. 3.4, training); `generate` and `score` use token
-    log-probabilities over the real vocabulary (Sec. 3.4, inference:
+    signatures (Sec. 3.4, training); by default the fused head computes that
+    loss block by block from the hidden states, so neither `[b, s, V]` nor
+    `[b, s, H, B]` is formed (`head_block_size`). `generate` and `score` use
+    token log-probabilities over the real vocabulary (Sec. 3.4, inference:
     `multi_hash_former_inference`), so every KerasHub sampler works. Build
     with `from_tokenizer`, load with `from_preset` (a KerasHub preset or an
     authors' Hugging Face checkpoint), grow with `expand_vocabulary` (no new
@@ -71,6 +76,13 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         candidate_buckets: `K`, buckets per head searched; `None` chooses it
             from the table (about 4,096 candidates per row). Setting it
             forces the search at any vocabulary size.
+        head_block_size: positions per block of the fused training head
+            (`multi_hash_former_fused_loss`): `None` (default) chooses it
+            (about 2^24 logits per block) and trains unchunked when the
+            compiled loss or metrics need the logits; 0 always trains
+            unchunked (the reference); an int > 0 fixes it. With the fused
+            head, `call(..., training=True)` returns the final hidden states
+            `[b, s, d]`, and the loss never forms `[b, s, H, B]`.
         **kwargs: standard `keras_hub.models.CausalLM` arguments.
 
     Example:
@@ -98,6 +110,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         scoring_temperature=1.0,
         decoding="candidates",
         candidate_buckets=None,
+        head_block_size=None,
         **kwargs,
     ):
         check_known_kwargs(
@@ -110,6 +123,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             decoding, candidate_buckets
         )
         # === Layers ===
+        self.head_block_size = fused_loss.check_block_size(head_block_size)
         self.backbone = backbone
         self.preprocessor = preprocessor
         self.hash_decoder = backbone.hash_decoder
@@ -243,6 +257,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             sampler=sampler,
             **kwargs,
         )
+        fused_loss.uses_fused_head(self)  # refuses what it cannot fuse
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """`keras.Model.quantize` (`"int8"`, `"int4"`) over every Dense
@@ -274,10 +289,18 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         self._signature_cache = (y, signatures)
         return signatures
 
+    def call(self, inputs, training=None, mask=None):
+        # Fused training head (Sec. 3.3-3.4): the loss reads the hidden states.
+        if training and fused_loss.uses_fused_head(self):
+            return self.backbone(inputs, training=training)
+        return super().call(inputs, training=training, mask=mask)
+
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
         y = self._target_signatures(y)
+        if y_pred is not None and len(y_pred.shape) == 3:  # hidden states
+            return fused_loss.fused_compute_loss(self, y, y_pred, sample_weight)
         return super().compute_loss(x, y, y_pred, sample_weight, training)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
@@ -448,6 +471,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
                 "scoring_temperature": self.scoring_temperature,
                 "decoding": self.decoding,
                 "candidate_buckets": self.candidate_buckets,
+                "head_block_size": self.head_block_size,
             }
         )
         return config

@@ -1,0 +1,194 @@
+"""The fused, chunked cascade head for training (paper Sec. 3.3-3.4).
+
+`fused_signature_loss` computes `SignatureCrossEntropy` straight from the
+final hidden states: the positions are cut into blocks of `block_size`, and
+for each block the H heads' logits, the cascade's soft retrievals (Sec. 3.3)
+and the per-head cross-entropy (Sec. 3.4, training) run under
+`keras.remat`, inside `keras.ops.scan`. Neither pass ever holds the
+`[b, s, H, B]` logits or their softmaxes: the forward pass keeps one block's
+worth, and the backward pass recomputes one block at a time, keeping only the
+block inputs (`[n, d]` hidden states). The result equals the unchunked
+`SignatureCrossEntropy` with its default reduction `mean_with_sample_weight`:
+the weighted sum of per-position losses over the sum of weights (over the
+number of positions when there is no weight).
+"""
+
+import keras
+from keras import ops
+
+from keras_mhf.losses.signature_cross_entropy import signature_cross_entropy
+from keras_mhf.utils.keras_utils import tensorflow_executing_eagerly
+
+# Automatic block: about 2^24 float logits per block (64 MiB in float32 for
+# all H heads), e.g. 256 positions at H = 4, B = 16,384.
+BLOCK_LOGITS = 2**24
+
+
+def _remat(function):
+    """`keras.remat(function)`, except in eager TensorFlow (`run_eagerly`,
+    a `GradientTape` outside `tf.function`), where `tf.recompute_grad`
+    counts the gradient of the decoder's variables twice (once through the
+    arguments, once as variables it saw read); there the block runs plain,
+    which is exact and holds one block's residuals per block."""
+    if tensorflow_executing_eagerly():
+        return function
+    return keras.remat(function)
+
+
+def automatic_block_size(num_hashes, num_buckets):
+    """Positions per block so that one block's `H x B` logits are about
+    `BLOCK_LOGITS` floats (at least 8 positions)."""
+    return max(8, BLOCK_LOGITS // (num_hashes * num_buckets))
+
+
+def check_block_size(block_size):
+    """`head_block_size`: `None` (automatic), 0 (unchunked) or a positive
+    int, returned as such."""
+    if block_size is None:
+        return None
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise ValueError(
+            "`head_block_size` must be None (automatic), 0 (unchunked) or a "
+            f"positive int; got {block_size!r}."
+        )
+    if block_size < 0:
+        raise ValueError(
+            f"`head_block_size` must be >= 0; got {block_size} (0 means the "
+            "unchunked head)."
+        )
+    return block_size
+
+
+def fused_signature_loss(decoder, hidden_states, signatures, sample_weight,
+                         block_size=None):
+    """`SignatureCrossEntropy()(signatures, decoder(hidden_states),
+    sample_weight)` without forming the bucket logits of all positions.
+
+    Args:
+        decoder: the `CascadeHashDecoder`.
+        hidden_states: float `[b, s, d]` (any leading axes), the trunk's
+            final hidden states.
+        signatures: int `[b, s, H]`, the targets' signatures.
+        sample_weight: `None` or weights broadcastable to `[b, s]`.
+        block_size: positions per block; `None` chooses
+            `automatic_block_size`.
+
+    Returns:
+        The float32 scalar loss.
+    """
+    num_hashes, dim = decoder.num_hashes, decoder.hidden_dim
+    if block_size is None:
+        block_size = automatic_block_size(num_hashes, decoder.num_buckets)
+    leading = ops.shape(signatures)[:-1]
+    states = ops.reshape(hidden_states, (-1, dim))
+    targets = ops.reshape(ops.cast(signatures, "int32"), (-1, num_hashes))
+    if sample_weight is None:
+        weights = ops.ones(ops.shape(targets)[:1], "float32")
+    else:
+        weights = ops.convert_to_tensor(sample_weight, "float32")
+        while len(weights.shape) < len(leading):
+            weights = ops.expand_dims(weights, -1)
+        weights = ops.reshape(ops.broadcast_to(weights, leading), (-1,))
+    count = states.shape[0]  # None under TF's dynamic batch axis
+    if count is None:
+        count = ops.shape(states)[0]
+        size = ops.minimum(block_size, count)
+        blocks = (count + size - 1) // size
+    else:
+        size = max(1, min(block_size, count))
+        blocks = -(-count // size)
+    padding = blocks * size - count
+    # Padded positions have weight 0 (and finite zero states).
+    states = ops.pad(states, [[0, padding], [0, 0]])
+    targets = ops.pad(targets, [[0, padding], [0, 0]])
+    padded_weights = ops.pad(weights, [[0, padding]])
+
+    # The decoder's variables (mixers and the tied tables) enter the
+    # rematerialised function as arguments, mapped back by a StatelessScope:
+    # TF's `recompute_grad` cannot capture variables inside a while loop.
+    variables = decoder.variables
+    values = [ops.convert_to_tensor(v) for v in variables]
+
+    blocked = (
+        ops.reshape(states, (blocks, size, dim)),
+        ops.reshape(targets, (blocks, size, num_hashes)),
+        ops.reshape(padded_weights, (blocks, size)),
+    )
+
+    def step(total, index):
+        # One scanned tensor: Keras' TF `scan` needs a static length for more.
+        block_states, block_targets, block_weights = [
+            ops.take(x, index, axis=0) for x in blocked
+        ]
+
+        @_remat
+        def block_loss(values, block_states):
+            mapping = list(zip(variables, values))
+            with keras.StatelessScope(state_mapping=mapping):
+                logits = ops.stack(decoder.head_logits(block_states), axis=-2)
+            per_position = signature_cross_entropy(block_targets, logits)
+            return ops.sum(per_position * block_weights)
+
+        loss = block_loss(values, block_states)
+        return total + loss, loss
+
+    total, _ = ops.scan(
+        step, ops.zeros((), "float32"), ops.arange(blocks, dtype="int32")
+    )
+    if sample_weight is None:
+        divisor = ops.cast(count, "float32")
+    else:
+        divisor = ops.sum(weights)
+    return ops.divide_no_nan(total, divisor)
+
+
+def uses_fused_head(task):
+    """Whether `task`'s training steps use the fused head: `head_block_size`
+    is not 0, and the model is compiled with the default objective (a
+    `SignatureCrossEntropy` with reduction `mean_with_sample_weight`, no loss
+    weights, no compiled metrics, which would need the logits). Otherwise
+    the unchunked head is used when `head_block_size` is `None`, and an
+    explicit block size is refused."""
+    from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
+
+    if task.head_block_size == 0 or not getattr(task, "compiled", False):
+        return False
+    loss = getattr(task, "loss", None)
+    problems = []
+    if not (
+        type(loss) is SignatureCrossEntropy
+        and loss.reduction == "mean_with_sample_weight"
+    ):
+        problems.append(f"loss={loss!r}")
+    compile_loss = getattr(task, "_compile_loss", None)
+    if getattr(compile_loss, "loss_weights", None) is not None:
+        problems.append("loss_weights")
+    if getattr(task, "_compile_metrics", None) is not None:
+        problems.append("compiled metrics")
+    if problems and task.head_block_size is not None:
+        raise ValueError(
+            f"head_block_size={task.head_block_size} trains with the fused "
+            "head, which computes only the default SignatureCrossEntropy "
+            f"and needs no logits; this model is compiled with "
+            f"{', '.join(problems)}. Set `head_block_size=0` (unchunked) "
+            "or `None` (fused when possible)."
+        )
+    return not problems
+
+
+def fused_compute_loss(task, signatures, hidden_states, sample_weight):
+    """`Trainer.compute_loss` of a fused training step: the fused
+    `SignatureCrossEntropy` (scaled for distribution like Keras' reduction)
+    plus the model's regularization losses `task.losses`."""
+    from keras.src.losses.loss import scale_loss_for_distribution
+
+    loss = fused_signature_loss(
+        task.hash_decoder,
+        hidden_states,
+        signatures,
+        sample_weight,
+        task.head_block_size,
+    )
+    losses = [scale_loss_for_distribution(loss)]
+    losses += [task._aggregate_additional_loss(x) for x in task.losses]
+    return losses[0] if len(losses) == 1 else ops.sum(losses)

@@ -1,0 +1,150 @@
+"""Peak training memory of the fused cascade head vs the unchunked one.
+
+Each configuration runs in a fresh process: a random `mini` trunk with
+H = 4, B = 16,384 on a synthetic 32K vocabulary (`from_tokens`), sequence
+1024, and `train_on_batch` twice; reported are the peak RSS growth over the
+process after the model is built (`ru_maxrss`), and the second step's time.
+The Standard baseline (KerasHub Qwen3, the same trunk and V) gives the
+ratio.
+
+    python tools/head_memory.py                      # jax, writes nothing
+    python tools/head_memory.py --out tools/results/head_memory_jax.md
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MODES = ("fused", "unchunked", "standard")
+
+
+def worker(mode, tokens_per_step, sequence_length, vocabulary_size):
+    import keras
+
+    from keras_mhf import benchmarking
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models import standard_backbone
+
+    keras.utils.set_random_seed(0)
+    if mode == "standard":
+        model = StandardCausalLM(
+            standard_backbone(vocabulary_size, "mini"), None
+        )
+    else:
+        model = MultiHashFormerCausalLM.from_tokens(
+            benchmarking.synthetic_tokens(vocabulary_size),
+            "mini_h4b16k",
+            pad_token_id=2,
+            head_block_size=None if mode == "fused" else 0,
+        )
+    model.compile(optimizer=keras.optimizers.AdamW(1e-4))
+    batch = tokens_per_step // sequence_length
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, vocabulary_size, (batch, sequence_length + 1))
+    x = {
+        "token_ids": ids[:, :-1].astype("int32"),
+        "padding_mask": np.ones((batch, sequence_length), "int32"),
+    }
+    y = ids[:, 1:].astype("int32")
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(2):
+        start = time.perf_counter()
+        loss = model.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = dict(
+        mode=mode,
+        tokens=tokens_per_step,
+        peak_mib=(peak - base) / 1024,
+        first_step_s=times[0],
+        step_s=times[1],
+        loss=float(np.asarray(loss).reshape(-1)[0]),
+    )
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
+    p.add_argument("--sequence-length", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=32768)
+    p.add_argument("--modes", nargs="+", default=list(MODES))
+    p.add_argument("--out", default=None)
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        mode, tokens = args.worker.split(":")
+        return worker(mode, int(tokens), args.sequence_length, args.vocab)
+    rows = []
+    for tokens in args.tokens:
+        for mode in args.modes:
+            command = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                f"{mode}:{tokens}",
+                "--sequence-length",
+                str(args.sequence_length),
+                "--vocab",
+                str(args.vocab),
+            ]
+            done = subprocess.run(command, capture_output=True, text=True)
+            lines = [
+                line for line in done.stdout.splitlines()
+                if line.startswith("RESULT ")
+            ]
+            if not lines:
+                print(done.stderr[-3000:], file=sys.stderr)
+                rows.append(dict(mode=mode, tokens=tokens, failed=True))
+                continue
+            rows.append(json.loads(lines[-1][len("RESULT "):]))
+            print(rows[-1], flush=True)
+    table = format_table(rows, args)
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table)
+
+
+def format_table(rows, args):
+    import keras
+
+    standard = {r["tokens"]: r for r in rows if r["mode"] == "standard"}
+    lines = [
+        f"# Training memory of the cascade head ({keras.config.backend()})",
+        "",
+        "`python tools/head_memory.py`: mini trunk, H4 B16384, "
+        f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, "
+        "AdamW, two `train_on_batch` steps in a fresh process per row; peak "
+        "RSS growth after the model is built, and the second step's time "
+        "(CPU, 2 shared cores: times are indicative).",
+        "",
+        "| head | tokens/step | peak MiB | / Standard | step s | loss |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['mode']} | {r['tokens']} | failed | | | |")
+            continue
+        std = standard.get(r["tokens"])
+        ratio = (
+            f"{r['peak_mib'] / std['peak_mib']:.2f}"
+            if std and not std.get("failed") else ""
+        )
+        lines.append(
+            f"| {r['mode']} | {r['tokens']} | {r['peak_mib']:.0f} | {ratio} "
+            f"| {r['step_s']:.2f} | {r['loss']:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
