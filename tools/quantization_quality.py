@@ -1,18 +1,21 @@
 """Quality of a quantized MultiHashFormer against its float32 self: next-token
-accuracy, perplexity (paper rule and the preset's calibrated temperature) and
-greedy generations, on a prepared corpus's held-out windows.
+accuracy, perplexity (paper rule and the preset's calibrated temperature),
+the held-out perplexity ratio quantized / float32, and greedy generations,
+on a prepared corpus's held-out windows.
 
     python tools/quantization_quality.py --preset runs/quickstart/mhf/preset \\
         --data runs/quickstart/mhf/data
     python tools/quantization_quality.py \\
         --preset RUNS/seed0/mhf_h4b16384/preset --data RUNS/data \\
-        --modes int8 int4 --output quality.json
+        --modes int8 int4 gptq awq --output quality.json
 
 Scores the second half of the first `--validation-blocks` validation windows
 (the half `recipes/pretrain.py` reports; the calibration fit used the first)
 and generates `--prompts` greedy continuations of `--new-tokens` tokens from
-the first `--prompt-length` tokens of validation windows. Prints a table and
-writes JSON.
+the first `--prompt-length` tokens of validation windows. `gptq` and `awq`
+calibrate on `--calibration-samples` windows of the *train* split
+(`keras.quantizers.GPTQConfig` / `AWQConfig`, `--weight-bits` and
+`--group-size`), never on the held-out text. Prints a table and writes JSON.
 """
 
 import argparse
@@ -36,12 +39,73 @@ def parse_args(argv=None):
     p.add_argument("--prompts", type=int, default=50)
     p.add_argument("--prompt-length", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=24)
+    p.add_argument(
+        "--calibration-samples",
+        type=int,
+        default=128,
+        help="gptq/awq: calibration windows from the train split",
+    )
+    p.add_argument(
+        "--calibration-length",
+        type=int,
+        default=None,
+        help="gptq/awq: tokens per calibration window (--sequence-length)",
+    )
+    p.add_argument(
+        "--weight-bits", type=int, default=4, help="gptq: 2, 3, 4 or 8"
+    )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=128,
+        help="gptq/awq: weights per scale (-1: per channel)",
+    )
     p.add_argument("--output", default=None)
     return p.parse_args(argv)
 
 
+def quantization_config(mode, args, corpus, tokenizer):
+    """`None` for int8/int4 (Keras' defaults); a `GPTQConfig` / `AWQConfig`
+    calibrating on train-split windows for gptq/awq."""
+    import keras
+
+    from keras_mhf.data import validation_windows
+
+    if mode not in ("gptq", "awq"):
+        return None
+    length = args.calibration_length or args.sequence_length
+    windows = validation_windows(
+        corpus, length, count=args.calibration_samples, split="train"
+    )
+    common = dict(
+        dataset=list(windows),
+        tokenizer=tokenizer,
+        num_samples=len(windows),
+        sequence_length=length,
+        group_size=args.group_size,
+    )
+    if mode == "gptq":
+        return keras.quantizers.GPTQConfig(
+            weight_bits=args.weight_bits, **common
+        )
+    return keras.quantizers.AWQConfig(**common)
+
+
+def load(preset):
+    """`(model without its preprocessor, tokenizer)`: the model reads and
+    writes token ids (and Keras' `quantize` locks a model's attributes, so
+    the preprocessor could not be detached afterwards)."""
+    from keras_mhf.models import MultiHashFormerCausalLM
+
+    lm = MultiHashFormerCausalLM.from_preset(preset)
+    tokenizer = lm.preprocessor.tokenizer
+    lm.preprocessor = None
+    return lm, tokenizer
+
+
 def measure(lm, blocks, prompts, new_tokens):
-    """Metrics of `blocks` and greedy continuations of `prompts`."""
+    """Metrics of `blocks` and greedy continuations of `prompts` (`lm`
+    without a preprocessor: ids in and out)."""
     from keras_mhf import evaluation
 
     metrics = evaluation.perplexity(lm, blocks)
@@ -50,14 +114,10 @@ def measure(lm, blocks, prompts, new_tokens):
     token_ids = np.zeros((b, total), "int32")
     padding_mask = np.zeros((b, total), bool)
     token_ids[:, :length], padding_mask[:, :length] = prompts, True
-    preprocessor, lm.preprocessor = lm.preprocessor, None  # ids in and out
-    try:
-        out = lm.generate(
-            {"token_ids": token_ids, "padding_mask": padding_mask},
-            stop_token_ids=None,
-        )
-    finally:
-        lm.preprocessor = preprocessor
+    out = lm.generate(
+        {"token_ids": token_ids, "padding_mask": padding_mask},
+        stop_token_ids=None,
+    )
     return metrics, np.asarray(out["token_ids"])[:, length:]
 
 
@@ -73,7 +133,6 @@ def main(argv=None):
     args = parse_args(argv)
     from keras_mhf.data import PreparedCorpus
     from keras_mhf.data import validation_windows
-    from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.pretraining.validation import split_validation_windows
 
     corpus = PreparedCorpus(args.data)
@@ -90,8 +149,8 @@ def main(argv=None):
             f"{args.prompt_length} tokens; pass --prompts {len(windows)}."
         )
     results = {"preset": args.preset, "tokens": int(reported[:, 1:].size)}
-    lm = MultiHashFormerCausalLM.from_preset(args.preset)
-    corpus.check_tokenizer(lm.preprocessor.tokenizer)
+    lm, tokenizer = load(args.preset)
+    corpus.check_tokenizer(tokenizer)
     lm.compile(sampler="greedy")
     results["scoring_temperature"] = lm.scoring_temperature
     base, base_tokens = measure(lm, reported, windows, args.new_tokens)
@@ -103,8 +162,10 @@ def main(argv=None):
         _row("float32", base),
     ]
     for mode in args.modes:
-        lm = MultiHashFormerCausalLM.from_preset(args.preset)
-        lm.quantize(mode)
+        lm, tokenizer = load(args.preset)
+        lm.quantize(
+            mode, config=quantization_config(mode, args, corpus, tokenizer)
+        )
         lm.compile(sampler="greedy")
         metrics, tokens = measure(lm, reported, windows, args.new_tokens)
         same = float(np.mean(np.all(tokens == base_tokens, axis=-1)))
@@ -115,13 +176,15 @@ def main(argv=None):
         metrics["perplexity_change"] = (
             metrics["perplexity"] / base["perplexity"] - 1
         )
+        metrics["perplexity_ratio"] = metrics["perplexity"] / base["perplexity"]
         results[mode] = metrics
         lines.append(_row(mode, metrics))
         change = metrics["accuracy_change_points"]
         lines.append(
             f"\n{mode}: next-token accuracy {change:+.2f} points, "
-            "calibrated perplexity "
-            f"{100 * metrics['perplexity_change']:+.2f}%, greedy "
+            "held-out perplexity ratio (calibrated) "
+            f"{metrics['perplexity_ratio']:.4f} "
+            f"({100 * metrics['perplexity_change']:+.2f}%), greedy "
             f"continuations identical for {same:.0%} of {args.prompts} prompts "
             f"({args.new_tokens} new tokens each).\n"
         )

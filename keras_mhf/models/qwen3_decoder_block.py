@@ -1,8 +1,11 @@
 """The Qwen3 decoder block shared by MultiHashFormer and the Standard baseline.
 
-This is the only module of `keras_mhf` that imports KerasHub's private Qwen3
-code (`keras_hub.src.models.qwen3`), so a KerasHub upgrade touches one file.
-keras-hub is pinned to the tested minor version (0.32) because of that.
+It also holds the trunk both backbones share (`make_trunk_layers`,
+`trunk_graph`, `TRUNK_ARGUMENTS`): the blocks, the final norm and the
+functional graph `token_ids -> embedding -> blocks -> norm`, so the two
+backbones differ only in their embedding. KerasHub's private Qwen3 classes
+come from `keras_mhf.utils.keras_private` (the one module that imports
+`keras_hub.src`); keras-hub is pinned to the tested minor version (0.32).
 
 KerasHub 0.32 workarounds, all in `Qwen3DecoderBlock` and nowhere else (the
 stock classes are never modified, so KerasHub's own Qwen3 models in the same
@@ -13,12 +16,49 @@ process behave exactly as without `keras_mhf`):
   `rms_norm_eps` everywhere): `build` sets them to the block's epsilon;
 - `Qwen3TransformerDecoder.get_config` omits `head_dim` and
   `sliding_window_size`, so the stock block cannot be rebuilt from its
-  config: `get_config` adds them.
+  config: `get_config` adds them;
+- the attention broadcasts its mask with `mask[:, None, :, :]`, which the
+  LiteRT converter can only lower to a Flex (select TF) op that LiteRT
+  interpreters without the Flex delegate refuse: `build` gives the block's
+  attention a `_masked_softmax` that uses `ops.expand_dims` (a builtin;
+  the same numbers), so `export(..., format="litert")` runs anywhere.
 """
 
+import functools
+
 import keras
-from keras_hub.src.models.qwen3.qwen3_decoder import Qwen3TransformerDecoder
-from keras_hub.src.models.qwen3.qwen3_layernorm import Qwen3LayerNorm
+
+from keras_mhf.utils.keras_private import Qwen3LayerNorm
+from keras_mhf.utils.keras_private import Qwen3TransformerDecoder
+
+# The constructor arguments of the Qwen3 trunk, in the order the backbones'
+# `get_config` lists them: its weight dimensions, then its options.
+TRUNK_DIMENSIONS = (
+    "num_layers",
+    "num_query_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_dim",
+    "intermediate_dim",
+)
+TRUNK_OPTIONS = (
+    "rope_max_wavelength",
+    "rope_scaling_factor",
+    "layer_norm_epsilon",
+    "dropout",
+)
+TRUNK_ARGUMENTS = TRUNK_DIMENSIONS + TRUNK_OPTIONS
+# ... and those of them each block takes.
+_BLOCK_ARGUMENTS = (
+    "intermediate_dim",
+    "num_query_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rope_max_wavelength",
+    "rope_scaling_factor",
+    "layer_norm_epsilon",
+    "dropout",
+)
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -96,6 +136,10 @@ class Qwen3DecoderBlock(Qwen3TransformerDecoder):
         attention.layer_norm_epsilon = self.layer_norm_epsilon
         attention._query_dense_layer_norm.epsilon = self.layer_norm_epsilon
         attention._key_dense_layer_norm.epsilon = self.layer_norm_epsilon
+        if hasattr(attention, "_masked_softmax"):
+            attention._masked_softmax = functools.partial(
+                _masked_softmax, attention
+            )
 
     def get_config(self):
         config = super().get_config()
@@ -108,42 +152,60 @@ class Qwen3DecoderBlock(Qwen3TransformerDecoder):
         return config
 
 
-def make_trunk_layers(
-    num_layers,
-    num_query_heads,
-    num_key_value_heads,
-    head_dim,
-    intermediate_dim,
-    rope_max_wavelength,
-    rope_scaling_factor,
-    layer_norm_epsilon,
-    dropout,
-    dtype,
-):
+def _masked_softmax(attention, attention_scores, attention_mask=None):
+    """`Qwen3Attention._masked_softmax` with the mask broadcast over heads
+    by `ops.expand_dims` (a LiteRT builtin) instead of `[:, None, :, :]`."""
+    if attention_mask is not None:
+        attention_mask = keras.ops.expand_dims(attention_mask, 1)
+        return attention._softmax(attention_scores, attention_mask)
+    return attention._softmax(attention_scores)
+
+
+def trunk_arguments(arguments):
+    """The `TRUNK_ARGUMENTS` entries of `arguments` (a backbone's
+    constructor arguments, e.g. its `locals()` or `get_config()`)."""
+    return {name: arguments[name] for name in TRUNK_ARGUMENTS}
+
+
+def make_trunk_layers(trunk, dtype):
     """The Qwen3 stack: `(blocks named transformer_layer_<i>, final norm)`.
 
-    Full attention (no sliding window), SiLU, N(0, 0.02) kernels, as the
-    paper's Qwen3 backbone (Sec. 3.2).
+    `trunk` holds the `TRUNK_ARGUMENTS` (`trunk_arguments`). Full attention
+    (no sliding window), SiLU, N(0, 0.02) kernels, as the paper's Qwen3
+    backbone (Sec. 3.2); layer names as KerasHub's `Qwen3Backbone`.
     """
+    block_arguments = {name: trunk[name] for name in _BLOCK_ARGUMENTS}
     blocks = [
         Qwen3DecoderBlock(
-            intermediate_dim=intermediate_dim,
-            num_query_heads=num_query_heads,
-            num_key_value_heads=num_key_value_heads,
-            head_dim=head_dim,
-            rope_max_wavelength=rope_max_wavelength,
-            rope_scaling_factor=rope_scaling_factor,
-            layer_norm_epsilon=layer_norm_epsilon,
-            dropout=dropout,
+            **block_arguments,
             sliding_window_size=None,
             dtype=dtype,
             name=f"transformer_layer_{i}",
         )
-        for i in range(num_layers)
+        for i in range(trunk["num_layers"])
     ]
     final_norm = Qwen3LayerNorm(
-        epsilon=layer_norm_epsilon,
+        epsilon=trunk["layer_norm_epsilon"],
         dtype=dtype,
         name="sequence_output_layernorm",
     )
     return blocks, final_norm
+
+
+def trunk_graph(embed, blocks, final_norm):
+    """The backbones' functional graph: `(inputs, sequence_output)` for
+    `keras.Model.__init__`, with inputs `{"token_ids", "padding_mask"}`
+    (int32 `[b, s]`) and `final_norm(blocks(embed(token_ids)))` (each block
+    masked by `padding_mask`) as the output. `embed` maps token ids to the
+    input embeddings `[b, s, d]` (it is called first, so its weights are
+    drawn before the trunk's).
+    """
+    token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+    padding_mask = keras.Input(
+        shape=(None,), dtype="int32", name="padding_mask"
+    )
+    x = embed(token_ids)
+    for block in blocks:
+        x = block(x, decoder_padding_mask=padding_mask)
+    inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+    return inputs, final_norm(x)

@@ -207,3 +207,49 @@ def tensorflow_executing_eagerly():
     import tensorflow as tf
 
     return tf.executing_eagerly()
+
+
+# Bucket ids are stored and gathered as int32.
+MAX_BUCKETS = 2**31 - 1
+
+
+def check_num_buckets(owner, num_buckets):
+    """Raises a clear `ValueError` unless `num_buckets` bucket ids fit int32
+    (`num_buckets <= MAX_BUCKETS`); `owner` names the caller in the message.
+
+    Example:
+
+    ```python
+    check_num_buckets("MultiHashFormerBackbone", 16384)  # fine
+    ```
+    """
+    if num_buckets > MAX_BUCKETS:
+        raise ValueError(
+            f"{owner}: `num_buckets`={num_buckets} does not fit the int32 "
+            f"bucket ids the model stores; use at most {MAX_BUCKETS} "
+            "(2**31 - 1) buckets per head (more hashes give more capacity: "
+            "(B-1)^H)."
+        )
+
+
+def check_bucket_ids(owner, signatures, num_buckets):
+    """Raises a clear `ValueError` unless every bucket id of `signatures`
+    (an int array, e.g. a `[V, H]` table) lies in `[0, num_buckets - 1]`;
+    `owner` names the table in the message.
+
+    Example:
+
+    ```python
+    check_bucket_ids("The signature table", np.array([[1, 3]]), 8)  # fine
+    ```
+    """
+    signatures = np.asarray(signatures)
+    if not signatures.size:
+        return
+    low, high = signatures.min(), signatures.max()
+    if low < 0 or high >= num_buckets:
+        raise ValueError(
+            f"{owner} holds bucket ids outside [0, {num_buckets - 1}] (min "
+            f"{low}, max {high}): it does not belong to "
+            f"num_buckets={num_buckets}."
+        )

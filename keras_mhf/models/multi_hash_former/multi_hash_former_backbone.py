@@ -4,6 +4,7 @@ from keras_hub.models import Backbone
 from keras_mhf.layers.cascade_hash_decoder import CascadeHashDecoder
 from keras_mhf.layers.hash_encoder import HashEncoder
 from keras_mhf.layers.signature_lookup import SignatureLookup
+from keras_mhf.models import quantization
 from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
     fit_layout_to_weights,
 )
@@ -11,16 +12,26 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
     layout_map,
 )
 from keras_mhf.models.preset_consistency import check_preset_of_weights
+from keras_mhf.models.qwen3_decoder_block import TRUNK_DIMENSIONS
+from keras_mhf.models.qwen3_decoder_block import TRUNK_OPTIONS
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
-from keras_mhf.signature_table import MAX_BUCKETS
+from keras_mhf.models.qwen3_decoder_block import trunk_arguments
+from keras_mhf.models.qwen3_decoder_block import trunk_graph
 from keras_mhf.signature_table import SignatureTable
 from keras_mhf.signature_table import check_num_lsh
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
+from keras_mhf.utils.keras_utils import check_num_buckets
 from keras_mhf.utils.keras_utils import check_positive_ints
 
 # Marks a backbone rebuilt from its config: the table comes from the weights.
 _TABLE_FROM_WEIGHTS = "from_weights"
+# The weight dimensions (ints >= 1; they also fit a layout map).
+_DIMENSIONS = ("num_hashes", "num_buckets", *TRUNK_DIMENSIONS)
+_DIMENSIONS += ("gate_dim", "mixer_dim")
+# The constructor arguments `get_config` records (with `signatures: None`).
+_CONFIG = ("vocabulary_size", *_DIMENSIONS, *TRUNK_OPTIONS, "pad_token_id")
+_CONFIG += ("signature_rule", "tokenization_fingerprint", "num_lsh")
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -112,69 +123,11 @@ class MultiHashFormerBackbone(Backbone):
         num_lsh=0,
         **kwargs,
     ):
-        check_known_kwargs(
-            "MultiHashFormerBackbone", kwargs, argument_names(type(self))
-        )
-        check_positive_ints(
-            "MultiHashFormerBackbone",
-            vocabulary_size=vocabulary_size,
-            num_hashes=num_hashes,
-            num_buckets=num_buckets,
-            num_layers=num_layers,
-            num_query_heads=num_query_heads,
-            num_key_value_heads=num_key_value_heads,
-            head_dim=head_dim,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-            gate_dim=gate_dim,
-            mixer_dim=mixer_dim,
-        )
-        if num_buckets > MAX_BUCKETS:
-            raise ValueError(
-                f"MultiHashFormerBackbone: num_buckets={num_buckets} does not "
-                f"fit the int32 bucket ids; use at most {MAX_BUCKETS}."
-            )
-        try:
-            check_num_lsh(num_lsh, num_hashes, signature_rule)
-        except ValueError as error:
-            raise ValueError(f"MultiHashFormerBackbone: {error}") from None
-        if signatures is None:
-            raise ValueError(
-                "MultiHashFormerBackbone needs its signature table: pass "
-                "`signatures=keras_mhf.SignatureTable.from_tokens(...)` (or an "
-                "int array [vocabulary_size, num_hashes]), or build the whole "
-                "model with "
-                "`MultiHashFormerCausalLM.from_tokenizer(tokenizer, ...)`."
-            )
-        if isinstance(signatures, str):
-            if signatures != _TABLE_FROM_WEIGHTS:
-                raise ValueError(f"Unknown `signatures` value {signatures!r}.")
-            initial_table = None
-        else:
-            initial_table = signatures
-            if isinstance(signatures, SignatureTable):
-                _check_table_matches(
-                    signatures,
-                    num_hashes,
-                    num_buckets,
-                    pad_token_id,
-                    signature_rule,
-                    num_lsh,
-                )
+        arguments = {n: v for n, v in locals().items() if n in _CONFIG}
+        initial_table = _check_arguments(arguments, signatures, kwargs)
         # A MultiHashFormerLayoutMap fits itself to the weights about to be
         # created (dimensions its mesh axes do not divide are replicated).
-        fit_layout_to_weights(
-            num_hashes=num_hashes,
-            num_buckets=num_buckets,
-            num_layers=num_layers,
-            num_query_heads=num_query_heads,
-            num_key_value_heads=num_key_value_heads,
-            head_dim=head_dim,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-            gate_dim=gate_dim,
-            mixer_dim=mixer_dim,
-        )
+        fit_layout_to_weights(**arguments)
         # === Layers ===
         self.signature_lookup = SignatureLookup(
             vocabulary_size,
@@ -194,32 +147,15 @@ class MultiHashFormerBackbone(Backbone):
             name="hash_encoder",
         )
         self.transformer_layers, self.layer_norm = make_trunk_layers(
-            num_layers,
-            num_query_heads,
-            num_key_value_heads,
-            head_dim,
-            intermediate_dim,
-            rope_max_wavelength,
-            rope_scaling_factor,
-            layer_norm_epsilon,
-            dropout,
-            dtype,
+            trunk_arguments(arguments), dtype
         )
 
         # === Functional Model ===
-        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        padding_mask = keras.Input(
-            shape=(None,), dtype="int32", name="padding_mask"
+        inputs, sequence_output = trunk_graph(
+            self.embed, self.transformer_layers, self.layer_norm
         )
-        x = self.embed(token_ids)
-        for block in self.transformer_layers:
-            x = block(x, decoder_padding_mask=padding_mask)
-        sequence_output = self.layer_norm(x)
         super().__init__(
-            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
-            outputs=sequence_output,
-            dtype=dtype,
-            **kwargs,
+            inputs=inputs, outputs=sequence_output, dtype=dtype, **kwargs
         )
         # The cascade decoder (Sec. 3.3) reads the encoder's tables and is
         # part of the backbone's weights, so a preset's `model.weights.h5`
@@ -234,46 +170,31 @@ class MultiHashFormerBackbone(Backbone):
         self.hash_decoder.build((None, hidden_dim))
 
         # === Config ===
-        self.vocabulary_size = vocabulary_size
-        self.num_hashes = num_hashes
-        self.num_buckets = num_buckets
-        self.num_layers = num_layers
-        self.num_query_heads = num_query_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.gate_dim = gate_dim
-        self.mixer_dim = mixer_dim
-        self.rope_max_wavelength = rope_max_wavelength
-        self.rope_scaling_factor = rope_scaling_factor
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.dropout = dropout
-        self.pad_token_id = pad_token_id
-        self.tokenization_fingerprint = tokenization_fingerprint
-        self.signature_rule = signature_rule
-        self.num_lsh = num_lsh
+        for name, value in arguments.items():
+            setattr(self, name, value)
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        """`keras.Model.quantize`, plus the hash encoder's bucket tables
-        (int8 or int4 with one scale per bucket; see
-        `HashEncoder.quantize`), which Keras does not reach because the
-        encoder holds sublayers. The int signature table stays as it is."""
-        super().quantize(mode, config=config, filters=filters, **kwargs)
-        self.quantize_hash_tables(mode, config=config, filters=filters)
+        """`keras.Model.quantize` (int8, int4, or GPTQ/AWQ calibrating the
+        Qwen3 blocks), plus the hash encoder's bucket tables (Keras' int8 /
+        int4 quantizers; see `HashEncoder.quantize`), which Keras does not
+        reach because the encoder holds sublayers. The int signature table
+        stays as it is. See `keras_mhf.models.quantization`."""
+        quantization.quantize_backbone(
+            self, super().quantize, mode, config, filters, **kwargs
+        )
+
+    def get_quantization_layer_structure(self, mode):
+        """What `quantize("gptq"/"awq", config=...)` calibrates: the
+        signature lookup and hash encoder before the blocks, then the Qwen3
+        blocks in order; see
+        `keras_mhf.models.quantization.quantization_layer_structure`."""
+        return quantization.quantization_layer_structure(self, mode)
 
     def quantize_hash_tables(self, mode, config=None, filters=None):
         """Quantizes the bucket tables (called by the backbone's and the
-        causal LM's `quantize`)."""
-        from keras.src.quantizers.utils import should_quantize_layer
-
-        encoder = self.hash_encoder
-        if encoder.quantization_mode is not None:
-            return
-        if not should_quantize_layer(encoder, filters):
-            return
-        encoder.quantize(mode, config=config)
-        self._post_quantize(mode)
+        causal LM's `quantize`); see
+        `keras_mhf.models.quantization.quantize_hash_tables`."""
+        quantization.quantize_hash_tables(self, mode, config, filters)
 
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, strict: a corrupt or truncated file, or
@@ -389,32 +310,48 @@ class MultiHashFormerBackbone(Backbone):
 
     def get_config(self):
         config = super().get_config()
-        config.update(
-            {
-                "vocabulary_size": self.vocabulary_size,
-                "num_hashes": self.num_hashes,
-                "num_buckets": self.num_buckets,
-                "num_layers": self.num_layers,
-                "num_query_heads": self.num_query_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
-                "hidden_dim": self.hidden_dim,
-                "intermediate_dim": self.intermediate_dim,
-                "gate_dim": self.gate_dim,
-                "mixer_dim": self.mixer_dim,
-                "rope_max_wavelength": self.rope_max_wavelength,
-                "rope_scaling_factor": self.rope_scaling_factor,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "dropout": self.dropout,
-                "pad_token_id": self.pad_token_id,
-                "signature_rule": self.signature_rule,
-                "tokenization_fingerprint": self.tokenization_fingerprint,
-                "num_lsh": self.num_lsh,
-                # The table itself travels in the weights (`signature_lookup`).
-                "signatures": None,
-            }
-        )
+        config.update({name: getattr(self, name) for name in _CONFIG})
+        # The table itself travels in the weights (`signature_lookup`).
+        config["signatures"] = None
         return config
+
+
+def _check_arguments(arguments, signatures, kwargs):
+    """The backbone's argument checks (names, sizes, LSH heads, the table);
+    returns the table to initialise `SignatureLookup` with (`None` for a
+    backbone rebuilt from its config: the table comes from the weights)."""
+    owner = "MultiHashFormerBackbone"
+    check_known_kwargs(owner, kwargs, argument_names(MultiHashFormerBackbone))
+    sizes = ("vocabulary_size",) + _DIMENSIONS
+    check_positive_ints(owner, **{name: arguments[name] for name in sizes})
+    check_num_buckets(owner, arguments["num_buckets"])
+    num_hashes, rule = arguments["num_hashes"], arguments["signature_rule"]
+    try:
+        check_num_lsh(arguments["num_lsh"], num_hashes, rule)
+    except ValueError as error:
+        raise ValueError(f"{owner}: {error}") from None
+    if signatures is None:
+        raise ValueError(
+            "MultiHashFormerBackbone needs its signature table: pass "
+            "`signatures=keras_mhf.SignatureTable.from_tokens(...)` (or an "
+            "int array [vocabulary_size, num_hashes]), or build the whole "
+            "model with "
+            "`MultiHashFormerCausalLM.from_tokenizer(tokenizer, ...)`."
+        )
+    if isinstance(signatures, str):
+        if signatures != _TABLE_FROM_WEIGHTS:
+            raise ValueError(f"Unknown `signatures` value {signatures!r}.")
+        return None
+    if isinstance(signatures, SignatureTable):
+        _check_table_matches(
+            signatures,
+            num_hashes,
+            arguments["num_buckets"],
+            arguments["pad_token_id"],
+            rule,
+            arguments["num_lsh"],
+        )
+    return signatures
 
 
 def _check_table_matches(

@@ -3,6 +3,7 @@ from keras import ops
 from keras_hub.models import CausalLM
 
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
+from keras_mhf.models import quantization
 from keras_mhf.models.causal_lm_inputs import check_score_arguments
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
@@ -27,24 +28,6 @@ from keras_mhf.utils.keras_utils import TASK_KWARGS
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.keras_utils import check_temperature
-
-
-def _skip_preprocessing(preprocessor, filters):
-    """`Model.quantize` filters that leave the preprocessing layers alone
-    (they hold no weights, and Keras refuses a reloaded tokenizer, which is
-    never "built")."""
-    from keras.src.quantizers.utils import should_quantize_layer
-
-    skipped = set()
-    if preprocessor is not None:
-        skipped = {id(layer) for layer in preprocessor._flatten_layers()}
-
-    def keep(layer):
-        return id(layer) not in skipped and should_quantize_layer(
-            layer, filters
-        )
-
-    return keep
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -260,12 +243,12 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         fused_loss.uses_fused_head(self)  # refuses what it cannot fuse
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        """`keras.Model.quantize` (`"int8"`, `"int4"`) over every Dense
-        layer, plus the hash encoder's bucket tables (`HashEncoder.quantize`).
+        """`keras.Model.quantize` (`"int8"`, `"int4"`, `"gptq"`, `"awq"`)
+        plus the hash encoder's bucket tables (`keras_mhf.models.quantization`).
         A quantized model is for inference: its optimizer is rebuilt."""
-        keep = _skip_preprocessing(self.preprocessor, filters)
-        super().quantize(mode, config=config, filters=keep, **kwargs)
-        self.backbone.quantize_hash_tables(mode, config=config, filters=filters)
+        quantization.quantize_causal_lm(
+            self, super().quantize, mode, config, filters, **kwargs
+        )
         self._forget_compiled()
         optimizer = getattr(self, "optimizer", None)
         if optimizer is not None and optimizer.built:
@@ -274,6 +257,10 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
                 loss=self.loss,
                 sampler=self.sampler,
             )
+
+    def get_quantization_layer_structure(self, mode=None):
+        """What GPTQ/AWQ calibrate: the encoder, then the blocks in order."""
+        return quantization.quantization_layer_structure(self.backbone, mode)
 
     def _target_signatures(self, y):
         """Token targets `[b, s]` -> their signatures `[b, s, H]`, cached by

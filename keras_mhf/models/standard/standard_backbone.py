@@ -6,7 +6,10 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
     fit_layout_to_weights,
 )
 from keras_mhf.models.preset_consistency import check_preset_of_weights
+from keras_mhf.models.qwen3_decoder_block import TRUNK_ARGUMENTS
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
+from keras_mhf.models.qwen3_decoder_block import trunk_arguments
+from keras_mhf.models.qwen3_decoder_block import trunk_graph
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 
@@ -71,15 +74,9 @@ class StandardBackbone(Backbone):
         check_known_kwargs(
             "StandardBackbone", kwargs, argument_names(type(self))
         )
+        trunk = trunk_arguments(locals())
         # A MultiHashFormerLayoutMap fits itself to the trunk's weights.
-        fit_layout_to_weights(
-            num_layers=num_layers,
-            num_query_heads=num_query_heads,
-            num_key_value_heads=num_key_value_heads,
-            head_dim=head_dim,
-            hidden_dim=hidden_dim,
-            intermediate_dim=intermediate_dim,
-        )
+        fit_layout_to_weights(**trunk)
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,
@@ -91,32 +88,15 @@ class StandardBackbone(Backbone):
             name="token_embedding",
         )
         self.transformer_layers, self.layer_norm = make_trunk_layers(
-            num_layers,
-            num_query_heads,
-            num_key_value_heads,
-            head_dim,
-            intermediate_dim,
-            rope_max_wavelength,
-            rope_scaling_factor,
-            layer_norm_epsilon,
-            dropout,
-            dtype,
+            trunk, dtype
         )
 
         # === Functional Model ===
-        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        padding_mask = keras.Input(
-            shape=(None,), dtype="int32", name="padding_mask"
+        inputs, sequence_output = trunk_graph(
+            self.token_embedding, self.transformer_layers, self.layer_norm
         )
-        x = self.token_embedding(token_ids)
-        for block in self.transformer_layers:
-            x = block(x, decoder_padding_mask=padding_mask)
-        sequence_output = self.layer_norm(x)
         super().__init__(
-            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
-            outputs=sequence_output,
-            dtype=dtype,
-            **kwargs,
+            inputs=inputs, outputs=sequence_output, dtype=dtype, **kwargs
         )
         embeddings = self.token_embedding.embeddings
         if keras.backend.is_float_dtype(embeddings.dtype):  # not when quantized
@@ -128,16 +108,8 @@ class StandardBackbone(Backbone):
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
-        self.num_layers = num_layers
-        self.num_query_heads = num_query_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.hidden_dim = hidden_dim
-        self.intermediate_dim = intermediate_dim
-        self.rope_max_wavelength = rope_max_wavelength
-        self.rope_scaling_factor = rope_scaling_factor
-        self.layer_norm_epsilon = layer_norm_epsilon
-        self.dropout = dropout
+        for name, value in trunk.items():
+            setattr(self, name, value)
 
     def export_to_transformers(
         self, path, overwrite=False, max_position_embeddings=32768
@@ -169,16 +141,7 @@ class StandardBackbone(Backbone):
         config.update(
             {
                 "vocabulary_size": self.vocabulary_size,
-                "num_layers": self.num_layers,
-                "num_query_heads": self.num_query_heads,
-                "num_key_value_heads": self.num_key_value_heads,
-                "head_dim": self.head_dim,
-                "hidden_dim": self.hidden_dim,
-                "intermediate_dim": self.intermediate_dim,
-                "rope_max_wavelength": self.rope_max_wavelength,
-                "rope_scaling_factor": self.rope_scaling_factor,
-                "layer_norm_epsilon": self.layer_norm_epsilon,
-                "dropout": self.dropout,
+                **{name: getattr(self, name) for name in TRUNK_ARGUMENTS},
             }
         )
         return config
