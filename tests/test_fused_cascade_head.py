@@ -22,7 +22,11 @@ TOKENS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
 def build(seed=0, **kwargs):
     keras.utils.set_random_seed(seed)
     lm = MultiHashFormerCausalLM.from_tokens(
-        TOKENS, "tiny_h3b64", pad_token_id=0, gate_dim=8, mixer_dim=8,
+        TOKENS,
+        "tiny_h3b64",
+        pad_token_id=0,
+        gate_dim=8,
+        mixer_dim=8,
         **kwargs,
     )
     lm.compile(optimizer=keras.optimizers.SGD(0.1))
@@ -62,8 +66,14 @@ def loss_and_gradients(lm, x, y, sample_weight):
                 trainable, non_trainable, x, training=True, return_losses=True
             )
             loss, _ = lm.stateless_compute_loss(
-                trainable, non_trainable, metrics, x=x, y=y, y_pred=y_pred,
-                sample_weight=sample_weight, training=True,
+                trainable,
+                non_trainable,
+                metrics,
+                x=x,
+                y=y,
+                y_pred=y_pred,
+                sample_weight=sample_weight,
+                training=True,
             )
             return loss
 
@@ -134,7 +144,8 @@ def test_fused_loss_is_signature_cross_entropy(lm):
             lm.hash_decoder, hidden, signatures, weights, block_size
         )
         np.testing.assert_allclose(
-            ops.convert_to_numpy(value), ops.convert_to_numpy(expected),
+            ops.convert_to_numpy(value),
+            ops.convert_to_numpy(expected),
             rtol=1e-6,
         )
 
@@ -147,9 +158,7 @@ def test_a_fit_step_gives_the_same_weights():
         history = lm.fit(
             x, y, sample_weight=weights, batch_size=4, epochs=2, verbose=0
         ).history["loss"]
-        results.append(
-            (history, [ops.convert_to_numpy(v) for v in lm.weights])
-        )
+        results.append((history, [ops.convert_to_numpy(v) for v in lm.weights]))
     (ref_history, ref_weights), (history, weights) = results
     np.testing.assert_allclose(history, ref_history, rtol=1e-5)
     for w, ref in zip(weights, ref_weights):

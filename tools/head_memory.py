@@ -98,14 +98,15 @@ def main(argv=None):
             ]
             done = subprocess.run(command, capture_output=True, text=True)
             lines = [
-                line for line in done.stdout.splitlines()
+                line
+                for line in done.stdout.splitlines()
                 if line.startswith("RESULT ")
             ]
             if not lines:
                 print(done.stderr[-3000:], file=sys.stderr)
                 rows.append(dict(mode=mode, tokens=tokens, failed=True))
                 continue
-            rows.append(json.loads(lines[-1][len("RESULT "):]))
+            rows.append(json.loads(lines[-1][len("RESULT ") :]))
             print(rows[-1], flush=True)
     table = format_table(rows, args)
     print(table)
@@ -137,7 +138,8 @@ def format_table(rows, args):
         std = standard.get(r["tokens"])
         ratio = (
             f"{r['peak_mib'] / std['peak_mib']:.2f}"
-            if std and not std.get("failed") else ""
+            if std and not std.get("failed")
+            else ""
         )
         lines.append(
             f"| {r['mode']} | {r['tokens']} | {r['peak_mib']:.0f} | {ratio} "

@@ -14,9 +14,15 @@ and the `filters` of `Model.quantize`, whose documented contract (a regex on
 implements itself rather than importing `keras.src.quantizers.utils`.
 """
 
+# `scale_loss_for_distribution(loss)`: how Keras' `Loss` reduction scales a
+# loss for the active distribution (divides by the replicas on TensorFlow);
+# the fused MultiHashFormer training loss, which bypasses `Loss`, must scale
+# the same way. Not exported.
+from keras.src.losses.loss import scale_loss_for_distribution
+
 # The Qwen3 decoder block of the paper's trunk (Sec. 3.2). KerasHub exports
 # `Qwen3Backbone` but not its block; `keras_mhf.models.Qwen3DecoderBlock`
-# subclasses it (fixing two 0.32 bugs) so that both backbones reuse
+# subclasses it (fixing its 0.32 bugs) so that both backbones reuse
 # KerasHub's attention, RoPE, KV cache and weight layout.
 from keras_hub.src.models.qwen3.qwen3_decoder import Qwen3TransformerDecoder
 
@@ -25,10 +31,6 @@ from keras_hub.src.models.qwen3.qwen3_decoder import Qwen3TransformerDecoder
 # KerasHub's `Qwen3Backbone` computes. Not exported by KerasHub
 # (`keras.layers.RMSNormalization` computes in the compute dtype).
 from keras_hub.src.models.qwen3.qwen3_layernorm import Qwen3LayerNorm
-
-# `any_equal(inputs, values, padding_mask)`: the stop-token test KerasHub's
-# own `generate_step` uses (not exported).
-from keras_hub.src.utils.tensor_utils import any_equal
 
 # KerasHub's Hugging Face Qwen3 converter (`convert_weights`) and its
 # safetensors reader: the stock Qwen3 layers of an authors' checkpoint load
@@ -41,6 +43,6 @@ __all__ = [
     "Qwen3LayerNorm",
     "Qwen3TransformerDecoder",
     "SafetensorLoader",
-    "any_equal",
     "convert_qwen3",
+    "scale_loss_for_distribution",
 ]

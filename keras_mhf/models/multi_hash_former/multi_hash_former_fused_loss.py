@@ -59,8 +59,9 @@ def check_block_size(block_size):
     return block_size
 
 
-def fused_signature_loss(decoder, hidden_states, signatures, sample_weight,
-                         block_size=None):
+def fused_signature_loss(
+    decoder, hidden_states, signatures, sample_weight, block_size=None
+):
     """`SignatureCrossEntropy()(signatures, decoder(hidden_states),
     sample_weight)` without forming the bucket logits of all positions.
 
@@ -180,7 +181,7 @@ def fused_compute_loss(task, signatures, hidden_states, sample_weight):
     """`Trainer.compute_loss` of a fused training step: the fused
     `SignatureCrossEntropy` (scaled for distribution like Keras' reduction)
     plus the model's regularization losses `task.losses`."""
-    from keras.src.losses.loss import scale_loss_for_distribution
+    from keras_mhf.utils.keras_private import scale_loss_for_distribution
 
     loss = fused_signature_loss(
         task.hash_decoder,

@@ -14,13 +14,13 @@ import os
 
 import numpy as np
 import safetensors
-from keras_hub.src.utils.transformers import convert_qwen3
-from keras_hub.src.utils.transformers.safetensor_utils import SafetensorLoader
 
 from keras_mhf.models.multi_hash_former.multi_hash_former_vocabulary import (
     tokenization_fingerprint,
 )
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.utils.keras_private import SafetensorLoader
+from keras_mhf.utils.keras_private import convert_qwen3
 from keras_mhf.utils.transformers import weight_names
 
 _REQUIRED = (

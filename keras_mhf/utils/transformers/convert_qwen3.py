@@ -8,8 +8,7 @@ calls it for such a directory."""
 import json
 import os
 
-from keras_hub.src.utils.transformers import convert_qwen3
-
+from keras_mhf.utils.keras_private import convert_qwen3
 from keras_mhf.utils.transformers import convert_multi_hash_former
 
 
