@@ -109,12 +109,7 @@ class SignatureTable:
             rule,
             num_lsh,
         )
-        if signatures.min() < 0 or signatures.max() >= num_buckets:
-            raise ValueError(
-                f"`signatures` holds bucket ids outside [0, {num_buckets - 1}] "
-                f"(min {signatures.min()}, max {signatures.max()}): the table "
-                f"does not belong to num_buckets={num_buckets}."
-            )
+        check_bucket_ids("`signatures`", signatures, num_buckets)
         if tokens is not None and len(tokens) != signatures.shape[0]:
             raise ValueError(
                 f"Got {len(tokens)} tokens for a table of "
@@ -476,12 +471,7 @@ def _check_hyperparameters(
             f"`num_buckets` must be an int >= 2 (bucket 0 is reserved for the "
             f"pad token); got {num_buckets!r}."
         )
-    if num_buckets > MAX_BUCKETS:
-        raise ValueError(
-            f"`num_buckets`={num_buckets} does not fit the int32 bucket ids "
-            f"the model stores; use at most {MAX_BUCKETS} (2**31 - 1) buckets "
-            "per head (more hashes give more capacity: (B-1)^H)."
-        )
+    check_num_buckets("SignatureTable", num_buckets)
     if rule not in RULES:
         raise ValueError(f"`rule` must be one of {RULES}; got {rule!r}.")
     check_num_lsh(num_lsh, num_hashes, rule)
@@ -546,4 +536,46 @@ def _check_capacity(
             f"is (B-1)^H = {capacity}. Increase num_buckets or num_hashes, or "
             "use rule='reference' (the authors' rule, which allows "
             "duplicates)."
+        )
+
+
+def check_num_buckets(owner, num_buckets):
+    """Raises a clear `ValueError` unless `num_buckets` bucket ids fit int32
+    (`num_buckets <= MAX_BUCKETS`); `owner` names the caller in the message.
+
+    Example:
+
+    ```python
+    check_num_buckets("MultiHashFormerBackbone", 16384)  # fine
+    ```
+    """
+    if num_buckets > MAX_BUCKETS:
+        raise ValueError(
+            f"{owner}: `num_buckets`={num_buckets} does not fit the int32 "
+            f"bucket ids the model stores; use at most {MAX_BUCKETS} "
+            "(2**31 - 1) buckets per head (more hashes give more capacity: "
+            "(B-1)^H)."
+        )
+
+
+def check_bucket_ids(owner, signatures, num_buckets):
+    """Raises a clear `ValueError` unless every bucket id of `signatures`
+    (an int array, e.g. a `[V, H]` table) lies in `[0, num_buckets - 1]`;
+    `owner` names the table in the message.
+
+    Example:
+
+    ```python
+    check_bucket_ids("The signature table", np.array([[1, 3]]), 8)  # fine
+    ```
+    """
+    signatures = np.asarray(signatures)
+    if not signatures.size:
+        return
+    low, high = signatures.min(), signatures.max()
+    if low < 0 or high >= num_buckets:
+        raise ValueError(
+            f"{owner} holds bucket ids outside [0, {num_buckets - 1}] (min "
+            f"{low}, max {high}): it does not belong to "
+            f"num_buckets={num_buckets}."
         )

@@ -52,13 +52,14 @@ def signature_loss(logits, target_signatures, weights=None):
     return (per_position * weights).sum() / weights.sum()
 
 
-def token_log_probs(logits, signatures):
-    """Sec. 3.4 inference: sum_i log p_i(bucket_i(w)), log-softmax over V."""
+def token_log_probs(logits, signatures, temperature=1.0):
+    """Sec. 3.4 inference: s(w) = sum_i log p_i(bucket_i(w)), then
+    log_softmax_V(s(w) / temperature)."""
     lp = log_softmax(logits)
     scores = sum(
         lp[..., i, :][..., signatures[:, i]] for i in range(signatures.shape[1])
     )
-    return log_softmax(scores)
+    return log_softmax(scores / temperature)
 
 
 def rms_norm(x, scale, eps):

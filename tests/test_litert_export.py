@@ -12,26 +12,12 @@ from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerTokenizer
 from tests.conftest import CORPUS
 from tests.conftest import small_proto_bytes
+from tests.numpy_reference import token_log_probs
 
 pytestmark = pytest.mark.skipif(
     keras.config.backend() != "tensorflow",
     reason="LiteRT export converts a TensorFlow graph (KERAS_BACKEND=tensorflow)",
 )
-
-
-def token_log_probs(bucket_logits, signatures, temperature):
-    """`score()`'s rule in numpy (paper Sec. 3.4): per-head bucket
-    log-softmax, summed over the heads at each token's signature, then a
-    log-softmax over the vocabulary at `temperature`."""
-    x = bucket_logits.astype("float64")
-    x = x - x.max(-1, keepdims=True)
-    x = x - np.log(np.exp(x).sum(-1, keepdims=True))
-    scores = sum(
-        x[..., i, :][..., signatures[:, i]] for i in range(signatures.shape[1])
-    )
-    scores = scores / temperature
-    scores = scores - scores.max(-1, keepdims=True)
-    return scores - np.log(np.exp(scores).sum(-1, keepdims=True))
 
 
 def test_litert_interpreter_reproduces_keras(tmp_path):
@@ -62,7 +48,9 @@ def test_litert_interpreter_reproduces_keras(tmp_path):
         score = np.asarray(ops.convert_to_numpy(lm.score(ids, mask)))
         rows = mask.astype(bool)
         np.testing.assert_allclose(
-            token_log_probs(served, signatures, lm.scoring_temperature)[rows],
+            token_log_probs(
+                served.astype("float64"), signatures, lm.scoring_temperature
+            )[rows],
             score[rows],
             atol=1e-4,
         )

@@ -3,6 +3,7 @@ import numpy as np
 from keras import ops
 
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.signature_table import check_bucket_ids
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -82,11 +83,7 @@ class SignatureLookup(keras.layers.Layer):
                 f"Signature table has shape {signatures.shape}; expected "
                 f"(vocabulary_size, num_hashes) = {expected}."
             )
-        if signatures.min() < 0 or signatures.max() >= self.num_buckets:
-            raise ValueError(
-                "Signature table holds bucket ids outside "
-                f"[0, {self.num_buckets - 1}]."
-            )
+        check_bucket_ids("The signature table", signatures, self.num_buckets)
         return signatures.astype("int32")
 
     def build(self, input_shape=None):

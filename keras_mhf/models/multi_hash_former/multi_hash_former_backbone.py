@@ -18,10 +18,10 @@ from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.models.qwen3_decoder_block import trunk_arguments
 from keras_mhf.models.qwen3_decoder_block import trunk_graph
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.signature_table import check_num_buckets
 from keras_mhf.signature_table import check_num_lsh
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
-from keras_mhf.utils.keras_utils import check_num_buckets
 from keras_mhf.utils.keras_utils import check_positive_ints
 
 # Marks a backbone rebuilt from its config: the table comes from the weights.

@@ -19,6 +19,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_vocabulary import (
     tokenization_fingerprint,
 )
 from keras_mhf.signature_table import SignatureTable
+from keras_mhf.signature_table import check_bucket_ids
 from keras_mhf.utils.keras_private import SafetensorLoader
 from keras_mhf.utils.keras_private import convert_qwen3
 from keras_mhf.utils.transformers import weight_names
@@ -374,11 +375,11 @@ def load_authors_checkpoint(
                 f"Tensor 'model.hash_map' has dtype {hash_map.dtype}; the "
                 "signature table must hold integer bucket ids."
             )
-        if hash_map.min() < 0 or hash_map.max() >= num_buckets:
-            raise ValueError(
-                f"Tensor 'model.hash_map' holds bucket ids outside [0, "
-                f"{num_buckets - 1}] (num_buckets in config.json)."
-            )
+        check_bucket_ids(
+            "Tensor 'model.hash_map' (num_buckets in config.json)",
+            hash_map,
+            num_buckets,
+        )
         table = SignatureTable(
             hash_map,
             num_buckets,
