@@ -62,7 +62,7 @@ def raw_scores(causal_lm, blocks, batch_size=8, progress=None):
     `keras_mhf.utils.progress.show_progress` setting)."""
     blocks = np.asarray(blocks, "int32")
     # Built once per model, with its compiled scorers (a run scores raw
-    # sums at every checkpoint; `forget_scorers` drops it).
+    # sums at every checkpoint; `forget_compiled` drops it).
     scorers = NextTokenScorer._cache.setdefault(causal_lm, {})
     if "raw_scores" not in scorers:
         token_ids = keras.Input((None,), dtype="int32")

@@ -1,7 +1,8 @@
 """What both causal LMs (MultiHashFormer and the Standard baseline) share on
 top of KerasHub's `CausalLM`: checked `fit` and `generate`
 (`keras_mhf.models.causal_lm_inputs`), the SavedModel export with text
-endpoints, and a compile config that `.keras` loading restores."""
+endpoints, the Hugging Face export, and a compile config that `.keras`
+loading restores."""
 
 import keras
 import keras_hub
@@ -108,6 +109,29 @@ class CausalLMMixin:
             overwrite=overwrite,
             include_text_endpoints=include_text_endpoints,
             verbose=bool(verbose),
+        )
+
+    def export_to_transformers(
+        self, path, overwrite=False, max_position_embeddings=32768
+    ):
+        """Writes a Hugging Face checkpoint directory (atomic; a quantized
+        model, or an existing `path` without `overwrite`, is refused):
+        MultiHashFormer in the authors' format (their code and
+        `MultiHashFormerCausalLM.from_preset(path)` load it), Standard as a
+        stock `Qwen3ForCausalLM`; `config.json`, `model.safetensors`,
+        `generation_config.json` and the tokenizer's files. See
+        `keras_mhf.utils.transformers.hf_exporter`.
+
+        Example:
+
+        ```python
+        lm.export_to_transformers("exported_hf")
+        ```
+        """
+        from keras_mhf.utils.transformers import hf_exporter
+
+        return hf_exporter.export_causal_lm(
+            self, path, overwrite, max_position_embeddings
         )
 
     def get_compile_config(self):

@@ -94,9 +94,10 @@ def target_losses(causal_lm, token_ids, padding_mask, target_ids):
     return np.asarray(ops.convert_to_numpy(out), "float32")
 
 
-def forget_scorers(causal_lm):
-    """Drops the compiled scorers of a model (they captured its settings,
-    e.g. the scoring temperature)."""
+def forget_compiled(causal_lm):
+    """Drops a model's compiled generation function and scorers: they
+    captured its settings (e.g. the scoring temperature) or weights."""
+    causal_lm.generate_function = None
     NextTokenScorer._cache.pop(causal_lm, None)
 
 

@@ -330,8 +330,9 @@ def quantize_causal_lm(
     GPTQ/AWQ, which it then calibrates through the task's
     `get_quantization_layer_structure`), then the bucket tables
     (`quantize_hash_tables`). An unsupported mode or table config is
-    refused before any layer changes. The task then resets what depends on
-    the old weights (compiled functions, scorers, the optimizer).
+    refused before any layer changes. Then what depends on the old weights
+    is reset: the compiled functions and scorers, and a built optimizer (the
+    task is recompiled with a fresh one of the same config).
 
     Example:
 
@@ -340,9 +341,10 @@ def quantize_causal_lm(
         quantization.quantize_causal_lm(
             self, super().quantize, mode, config, filters, **kwargs
         )
-        ...  # the task's own resets
     ```
     """
+    from keras_mhf.models.next_token_scorer import forget_compiled
+
     _quantize(
         task,
         task.backbone,
@@ -353,3 +355,11 @@ def quantize_causal_lm(
         filters,
         **kwargs,
     )
+    forget_compiled(task)
+    optimizer = getattr(task, "optimizer", None)
+    if optimizer is not None and optimizer.built:
+        task.compile(
+            optimizer=type(optimizer).from_config(optimizer.get_config()),
+            loss=task.loss,
+            sampler=task.sampler,
+        )

@@ -1,3 +1,6 @@
+"""The MultiHashFormer task (KerasHub `CausalLM`): training, generation and
+scoring over the vocabulary of a `MultiHashFormerBackbone`."""
+
 import keras
 from keras import ops
 from keras_hub.models import CausalLM
@@ -21,13 +24,10 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
 from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
-from keras_mhf.models.next_token_scorer import forget_scorers
+from keras_mhf.models.next_token_scorer import forget_compiled
 from keras_mhf.models.next_token_scorer import target_losses
 from keras_mhf.models.preset_consistency import check_preset_consistency
-from keras_mhf.utils.keras_utils import TASK_KWARGS
-from keras_mhf.utils.keras_utils import argument_names
-from keras_mhf.utils.keras_utils import check_known_kwargs
-from keras_mhf.utils.keras_utils import check_temperature
+from keras_mhf.utils import keras_utils
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -36,36 +36,26 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     The functional output is the cascade's bucket logits `[b, s, H, B]`
     (Sec. 3.3), trained by `SignatureCrossEntropy` on the targets'
-    signatures (Sec. 3.4, training); by default the fused head computes that
-    loss block by block from the hidden states, so neither `[b, s, V]` nor
-    `[b, s, H, B]` is formed (`head_block_size`). `generate` and `score` use
-    token log-probabilities over the real vocabulary (Sec. 3.4, inference:
-    `multi_hash_former_inference`), so every KerasHub sampler works. Build
-    with `from_tokenizer`, load with `from_preset` (a KerasHub preset or an
-    authors' Hugging Face checkpoint), grow with `expand_vocabulary` (no new
-    parameters). Token ids and the tokenizer are checked where they enter.
+    signatures (Sec. 3.4); the fused head computes that loss block by block
+    from the hidden states (`head_block_size`). `generate` and `score` use
+    token log-probs over the real vocabulary (Sec. 3.4, inference:
+    `multi_hash_former_inference`), so every KerasHub sampler works.
 
     Args:
         backbone: a `MultiHashFormerBackbone`.
         preprocessor: a `MultiHashFormerCausalLMPreprocessor` or `None`.
         scoring_temperature: `tau > 0` of `log_softmax_V(s(w) / tau)`; 1.0
-            (default) is the paper's rule, `calibrate` fits it.
-        decoding: `"candidates"` (default) or `"full"`: how greedy and
-            top-k generation find the vocabulary's top tokens; both give
-            exactly the same tokens. `"candidates"` searches the tokens of
-            each head's top buckets and certifies the answer (falling back
-            to the full scan when it cannot); with `candidate_buckets=None`
-            it does so only above `CANDIDATE_MIN_VOCABULARY` tokens.
+            is the paper's rule, `calibrate` fits it.
+        decoding: `"candidates"` (default: the certified search of the
+            heads' top buckets, with `candidate_buckets=None` only above
+            `CANDIDATE_MIN_VOCABULARY` tokens) or `"full"` (the scan): how
+            greedy and top-k generation find the top tokens; same tokens.
         candidate_buckets: `K`, buckets per head searched; `None` chooses it
-            from the table (about 4,096 candidates per row). Setting it
-            forces the search at any vocabulary size.
-        head_block_size: positions per block of the fused training head
-            (`multi_hash_former_fused_loss`): `None` (default) chooses it
-            (about 2^24 logits per block) and trains unchunked when the
-            compiled loss or metrics need the logits; 0 always trains
-            unchunked (the reference); an int > 0 fixes it. With the fused
-            head, `call(..., training=True)` returns the final hidden states
-            `[b, s, d]`, and the loss never forms `[b, s, H, B]`.
+            (about 4,096 candidates per row); an int forces the search.
+        head_block_size: positions per block of the fused training head:
+            `None` chooses it (about 2^24 logits per block), 0 trains
+            unchunked (the reference), an int > 0 fixes it. With the fused
+            head, `call(..., training=True)` returns the hidden states.
         **kwargs: standard `keras_hub.models.CausalLM` arguments.
 
     Example:
@@ -96,11 +86,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         head_block_size=None,
         **kwargs,
     ):
-        check_known_kwargs(
+        keras_utils.check_known_kwargs(
             "MultiHashFormerCausalLM",
             kwargs,
-            argument_names(type(self)),
-            allowed=TASK_KWARGS,
+            keras_utils.argument_names(type(self)),
+            allowed=keras_utils.TASK_KWARGS,
         )
         candidate_buckets = inference.check_decoding(
             decoding, candidate_buckets
@@ -117,17 +107,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         # === Inference state (derived, never saved) ===
-        lookup = backbone.signature_lookup
-        self.bucket_index = inference.BucketIndex(
-            lookup.vocabulary_size,
-            lookup.num_hashes,
-            lookup.num_buckets,
-            name="bucket_index",
+        self.bucket_index = inference.BucketIndex.for_lookup(
+            backbone.signature_lookup, name="bucket_index"
         )
-        self.bucket_index.build()  # filled by `refresh`, before generation
         # tokenization_fingerprint of the last tokenizer that passed.
         self._verified_tokenizer = None
-        self._generate_key = None
         # Generation steps and how many of them fell back to the full scan.
         self.decoding_statistics = inference.DecodingStatistics()
 
@@ -139,36 +123,23 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     @property
     def scoring_temperature(self):
         """`tau` of `log P(w) = log_softmax_V(s(w) / tau)`, `s(w) = sum_i
-        log p_i(h_i(w))`. 1.0 is the paper's inference rule (Sec. 3.4);
-        `calibrate` fits it on held-out text. Setting it takes effect in
-        `score`, `generate` (every sampler), evaluation and export."""
+        log p_i(h_i(w))` (Sec. 3.4: 1.0 is the paper's rule); used by
+        `score`, `generate`, evaluation and export."""
         return self._scoring_temperature
 
     @scoring_temperature.setter
     def scoring_temperature(self, value):
-        self._scoring_temperature = check_temperature(value)
-        self._forget_compiled()
-
-    def _forget_compiled(self):
-        """Drops compiled functions that captured the model's settings."""
-        self.generate_function = None
-        forget_scorers(self)
+        self._scoring_temperature = keras_utils.check_temperature(value)
+        forget_compiled(self)
 
     def resolved_candidate_buckets(self):
         """`K`, the buckets per head searched by `decoding="candidates"`."""
-        lookup = self.backbone.signature_lookup
-        self.bucket_index.refresh(lookup)
-        return inference.resolved_candidate_buckets(
-            self.candidate_buckets, self.bucket_index, lookup.num_buckets
-        )
+        return inference.resolved_candidate_buckets(self)
 
     def has_task_weights(self):
-        """Whether weights outside the backbone need saving: the bucket
-        index is derived from the table and never saved, so it does not
-        count (a preset holds only the backbone's weights)."""
-        derived = {id(w) for w in self.bucket_index.weights}
-        inside = {id(w) for w in self.backbone.weights} | derived
-        return any(id(w) not in inside for w in self.weights)
+        """Whether weights outside the backbone need saving (the derived
+        bucket index does not count: a preset holds the backbone's)."""
+        return inference.has_task_weights(self)
 
     # --- Construction -------------------------------------------------------
 
@@ -176,17 +147,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     def from_tokenizer(
         cls, tokenizer, architecture="tiny_h4b1024", sequence_length=1024, **kw
     ):
-        """A new, randomly initialised model for a `MultiHashFormerTokenizer`:
-        the signature table is hashed from its vocabulary (paper Sec. 3.1).
-
-        Args:
-            tokenizer: a `MultiHashFormerTokenizer`.
-            architecture: a name like `"1b_h4b16k"` or `"tiny_h3b512"` (see
-                `keras_mhf.models.architecture_names()`).
-            sequence_length: the preprocessor's packed length.
-            **kw: `signature_rule` (`"unique"`, `"reference"`,
-                `"repeated"`), `dtype`, overrides of any backbone argument
-                (e.g. `num_layers=3`) and the task's own arguments.
+        """A new, randomly initialised model for a `MultiHashFormerTokenizer`
+        (its signature table hashed from the vocabulary, paper Sec. 3.1), of
+        a named `architecture` (`keras_mhf.models.architecture_names()`).
+        `kw`: `signature_rule` (`"unique"`, `"reference"`, `"repeated"`),
+        `dtype`, backbone overrides (`num_layers=3`), the task's arguments.
         """
         return vocabulary.causal_lm_from_tokenizer(
             cls, tokenizer, architecture, sequence_length, **kw
@@ -201,11 +166,10 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """Loads a KerasHub preset directory, or converts a Hugging Face
-        checkpoint of the authors' code (safetensors only; `kwargs` may give
-        `tokenizer`, `dtype`, `sequence_length`). Raises `ValueError` when
-        the preset's files disagree, its weights do not fit, or its tokenizer
-        does not match the model."""
+        """Loads a KerasHub preset, or converts the authors' Hugging Face
+        checkpoint (`kwargs`: `tokenizer`, `dtype`, `sequence_length`);
+        `ValueError` when its files disagree, its weights do not fit, or its
+        tokenizer does not match the model."""
         from keras_mhf.utils.transformers import convert_multi_hash_former
 
         if convert_multi_hash_former.is_authors_checkpoint(preset):
@@ -244,37 +208,15 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """`keras.Model.quantize` (`"int8"`, `"int4"`, `"gptq"`, `"awq"`)
-        plus the hash encoder's bucket tables (`keras_mhf.models.quantization`).
-        A quantized model is for inference: its optimizer is rebuilt."""
+        plus the bucket tables; the model is then for inference (its
+        optimizer is rebuilt). See `keras_mhf.models.quantization`."""
         quantization.quantize_causal_lm(
             self, super().quantize, mode, config, filters, **kwargs
         )
-        self._forget_compiled()
-        optimizer = getattr(self, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            self.compile(
-                optimizer=type(optimizer).from_config(optimizer.get_config()),
-                loss=self.loss,
-                sampler=self.sampler,
-            )
 
     def get_quantization_layer_structure(self, mode=None):
         """What GPTQ/AWQ calibrate: the encoder, then the blocks in order."""
         return quantization.quantization_layer_structure(self.backbone, mode)
-
-    def _target_signatures(self, y):
-        """Token targets `[b, s]` -> their signatures `[b, s, H]`, cached by
-        the identity of `y`: Keras calls `compute_loss` then `compute_metrics`
-        with the same `y`, and on JAX the latter runs outside the stateless
-        scope that holds the variables (the table cannot be read there)."""
-        if y is None:
-            return None
-        cached = getattr(self, "_signature_cache", None)
-        if cached is not None and cached[0] is y:
-            return cached[1]
-        signatures = self.backbone.signature_lookup(y)
-        self._signature_cache = (y, signatures)
-        return signatures
 
     def call(self, inputs, training=None, mask=None):
         # Fused training head (Sec. 3.3-3.4): the loss reads the hidden states.
@@ -285,75 +227,57 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
-        y = self._target_signatures(y)
+        # Token targets -> signatures (cached for `compute_metrics`).
+        y = fused_loss.target_signatures(self, y)
         if y_pred is not None and len(y_pred.shape) == 3:  # hidden states
             return fused_loss.fused_compute_loss(self, y, y_pred, sample_weight)
         return super().compute_loss(x, y, y_pred, sample_weight, training)
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        signatures = self._target_signatures(y)
-        self._signature_cache = None
-        return super().compute_metrics(x, signatures, y_pred, sample_weight)
+        y = fused_loss.target_signatures(self, y, release=True)
+        return super().compute_metrics(x, y, y_pred, sample_weight)
 
     # --- Inference (paper Sec. 3.4) -------------------------------------------
 
-    def bucket_logits(self, hidden_states):
-        """Final hidden states `[..., d]` -> bucket logits `[..., H, B]`."""
-        return self.hash_decoder(hidden_states)
-
     def token_scores(self, hidden_states):
         """Raw token scores `s(w) = sum_i log p_i(h_i(w))` `[..., V]`."""
-        log_probs = inference.head_log_probs(self.bucket_logits(hidden_states))
-        table = self.backbone.signature_lookup.signatures
-        return inference.token_scores(log_probs, table)
+        return inference.token_scores(*inference.heads(self, hidden_states))
 
     def token_log_probs(self, hidden_states):
         """Token log-probs `[..., V]` (float32):
         `log_softmax_V(s(w) / scoring_temperature)`."""
-        log_probs = inference.head_log_probs(self.bucket_logits(hidden_states))
-        table = self.backbone.signature_lookup.signatures
         return inference.token_log_probs(
-            log_probs, table, self.scoring_temperature
+            *inference.heads(self, hidden_states), self.scoring_temperature
         )
 
     def next_token_statistics(self, hidden_states, targets, with_argmax=True):
-        """`(log p(target), top log-prob, argmax id)` per position, without
-        forming `[..., V]` (`inference.vocabulary_statistics`)."""
-        log_probs = inference.head_log_probs(self.bucket_logits(hidden_states))
+        """`(log p(target), top log-prob, argmax id)` per position, never
+        forming `[..., V]`."""
         return inference.vocabulary_statistics(
-            log_probs,
-            self.backbone.signature_lookup.signatures,
+            *inference.heads(self, hidden_states),
             targets,
             self.scoring_temperature,
             with_argmax=with_argmax,
         )
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
-        """KerasHub's cached forward pass for generation: `(token_log_probs
-        [b, s, V], hidden_states [b, s, d], cache)`; `cache` is float
-        `[b, num_layers, 2, max_length, num_kv_heads, head_dim]`."""
-        hidden_states, cache = self.hidden_states_with_cache(
-            token_ids, cache, cache_update_index
-        )
-        return self.token_log_probs(hidden_states), hidden_states, cache
-
-    def hidden_states_with_cache(self, token_ids, cache, cache_update_index):
-        """The trunk alone with a KV cache: `(hidden_states, cache)`."""
-        return inference.trunk_with_cache(
+        """KerasHub's cached forward pass: `(token_log_probs [b, s, V],
+        hidden_states, cache)`, `cache` `[b, layers, 2, max_length, kv, hd]`."""
+        hidden_states, cache = inference.trunk_with_cache(
             self.backbone, token_ids, cache, cache_update_index
         )
+        return self.token_log_probs(hidden_states), hidden_states, cache
 
     def _build_cache(self, token_ids):
         """Builds and seeds the KV cache: `(hidden_states, cache)`."""
         cache = inference.empty_cache(
             self.backbone, token_ids, self.compute_dtype
         )
-        return self.hidden_states_with_cache(token_ids, cache, 0)
+        return inference.trunk_with_cache(self.backbone, token_ids, cache, 0)
 
     def generate_step(self, inputs, stop_token_ids=None):
-        """One compiled generation call (KerasHub's contract). Greedy and
-        top-k samplers choose with the candidate search or the full scan
-        (`decoding`); other samplers draw from the full distribution."""
+        """One compiled generation call (KerasHub's contract): greedy and
+        top-k by `decoding`, other samplers from the full distribution."""
         hidden_states, cache = self._build_cache(inputs["token_ids"])
         k = inference.sampler_top_k(self.sampler)
         if k is None:
@@ -365,20 +289,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         )
 
     def make_generate_function(self):
-        """KerasHub's compiled generation function behind a host-side check
-        of the prompt's ids; fallbacks are counted in `decoding_statistics`
-        (`inference.counted_generate_function`)."""
-        version = self.bucket_index.refresh(self.backbone.signature_lookup)
-        key = (version, self.decoding, self.candidate_buckets)
-        if self.generate_function is None or key != self._generate_key:
-            self.generate_function = None
-            self.generate_function = inference.counted_generate_function(
-                super().make_generate_function(),
-                self.backbone.vocabulary_size,
-                self.decoding_statistics,
-            )
-            self._generate_key = key
-        return self.generate_function
+        """KerasHub's compiled generation, checking the prompt's ids and
+        counting fallbacks in `decoding_statistics`."""
+        return inference.cached_generate_function(
+            self, super().make_generate_function
+        )
 
     def score(
         self,
@@ -414,41 +329,26 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     # --- Delegates ------------------------------------------------------------
 
-    def export_to_transformers(
-        self, path, overwrite=False, max_position_embeddings=32768
-    ):
-        """Writes a Hugging Face checkpoint in the authors' format that their
-        code and `from_preset(path)` load (atomic; a quantized model or an
-        existing `path` without `overwrite` is refused). See
-        `keras_mhf.utils.transformers.export_multi_hash_former`."""
-        from keras_mhf.utils.transformers import export_multi_hash_former
-
-        return export_multi_hash_former.export_causal_lm(
-            self, path, overwrite, max_position_embeddings
-        )
-
     def calibrate(
         self, data, batch_size=8, sequence_length=None, max_tokens=4096
     ):
-        """Fits and sets `scoring_temperature` on held-out `data` (a prepared
-        data directory, text files, documents or token blocks); returns the
-        report. See `keras_mhf.calibration.calibrate`."""
+        """Fits and sets `scoring_temperature` on held-out `data` (prepared
+        data, text files, documents or token blocks); returns the report
+        (`keras_mhf.calibration.calibrate`)."""
         from keras_mhf.calibration import calibrate
 
         return calibrate(self, data, batch_size, sequence_length, max_tokens)
 
     def check_tokenizer(self, force=False):
         """Raises a clear error if the attached tokenizer does not match the
-        signature table or tokenizes differently from the model's record
-        (`backbone.tokenization_fingerprint`); checked again whenever the
-        tokenizer's fingerprint changes, or with `force`."""
+        signature table or the model's `tokenization_fingerprint` (checked
+        again when the tokenizer's fingerprint changes, or with `force`)."""
         vocabulary.check_task_tokenizer(self, force)
 
     def expand_vocabulary(self, new_tokens=None, tokenizer=None):
-        """A model for a larger vocabulary, with no new parameters (paper
-        Sec. 4.4): `new_tokens` (or the expanded `tokenizer`'s new pieces)
-        are appended and hashed with the same rule; every trained weight is
-        copied. See `multi_hash_former_vocabulary.expand_vocabulary`."""
+        """A model for a larger vocabulary with no new parameters (Sec. 4.4):
+        `new_tokens` (or the expanded `tokenizer`'s new pieces) are hashed
+        with the same rule, every weight copied (`vocabulary`)."""
         return vocabulary.expand_vocabulary(self, new_tokens, tokenizer)
 
     def get_config(self):

@@ -177,6 +177,24 @@ def uses_fused_head(task):
     return not problems
 
 
+def target_signatures(task, y, release=False):
+    """Token targets `y` `[b, s]` -> their signatures `[b, s, H]`, for the
+    training step's loss and metrics. Cached on the task by the identity of
+    `y`: Keras calls `compute_loss` then `compute_metrics` with the same
+    `y`, and on JAX the latter runs outside the stateless scope that holds
+    the variables (the table cannot be read there); `release=True` (the
+    metrics' call) drops the cache after use."""
+    if y is None:
+        return None
+    cached = getattr(task, "_signature_cache", None)
+    if cached is not None and cached[0] is y:
+        signatures = cached[1]
+    else:
+        signatures = task.backbone.signature_lookup(y)
+    task._signature_cache = None if release else (y, signatures)
+    return signatures
+
+
 def fused_compute_loss(task, signatures, hidden_states, sample_weight):
     """`Trainer.compute_loss` of a fused training step: the fused
     `SignatureCrossEntropy` (scaled for distribution like Keras' reduction)

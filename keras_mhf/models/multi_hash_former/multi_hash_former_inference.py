@@ -55,6 +55,14 @@ def head_log_probs(bucket_logits):
     return ops.log_softmax(ops.cast(bucket_logits, "float32"), axis=-1)
 
 
+def heads(causal_lm, hidden_states):
+    """A task's final hidden states `[..., d]` -> `(per-head log-probs
+    [..., H, B], its signature table [V, H])`: the cascade's bucket logits
+    (Sec. 3.3) through `head_log_probs`, and the rows they score."""
+    log_probs = head_log_probs(causal_lm.hash_decoder(hidden_states))
+    return log_probs, causal_lm.backbone.signature_lookup.signatures
+
+
 def sum_over_heads(num_hashes, head_score):
     """`head_score(0) + head_score(1) + ... + head_score(H - 1)`, in this
     order: the one sum over heads of `s(w)` (Sec. 3.4)."""
@@ -212,6 +220,18 @@ class BucketIndex(keras.layers.Layer):
         **kwargs: standard `keras.layers.Layer` arguments.
     """
 
+    @classmethod
+    def for_lookup(cls, lookup, **kwargs):
+        """A built, empty index shaped for a `SignatureLookup`'s table."""
+        index = cls(
+            lookup.vocabulary_size,
+            lookup.num_hashes,
+            lookup.num_buckets,
+            **kwargs,
+        )
+        index.build()  # filled by `refresh`, before generation
+        return index
+
     def __init__(self, vocabulary_size, num_hashes, num_buckets, **kwargs):
         super().__init__(**kwargs)
         self.vocabulary_size = int(vocabulary_size)
@@ -271,6 +291,15 @@ class BucketIndex(keras.layers.Layer):
     def load_own_variables(self, store):
         """Nothing to load; the next `refresh` rebuilds the index."""
         self.table_version = None
+
+
+def has_task_weights(causal_lm):
+    """Whether a task has weights outside its backbone that need saving;
+    its bucket index is derived from the table and never saved, so it does
+    not count."""
+    derived = {id(w) for w in causal_lm.bucket_index.weights}
+    inside = {id(w) for w in causal_lm.backbone.weights} | derived
+    return any(id(w) not in inside for w in causal_lm.weights)
 
 
 # --- Candidate decoding ------------------------------------------------------
@@ -426,22 +455,27 @@ def uses_candidate_search(causal_lm):
     return vocabulary_size > CANDIDATE_MIN_VOCABULARY
 
 
-def resolved_candidate_buckets(candidate_buckets, index, num_buckets):
-    """`K`: `candidate_buckets`, or chosen from the index's bucket loads
-    (about `CANDIDATE_BUDGET` candidates per row); below `num_buckets`."""
+def resolved_candidate_buckets(causal_lm):
+    """`K` of a task: its `candidate_buckets`, or chosen from its (refreshed)
+    bucket index's loads (about `CANDIDATE_BUDGET` candidates per row);
+    below `num_buckets`."""
+    lookup = causal_lm.backbone.signature_lookup
+    causal_lm.bucket_index.refresh(lookup)
+    candidate_buckets = causal_lm.candidate_buckets
     if candidate_buckets is None:
-        candidate_buckets = automatic_candidate_buckets(index.max_bucket_load)
-    return min(candidate_buckets, num_buckets - 1)
+        candidate_buckets = automatic_candidate_buckets(
+            causal_lm.bucket_index.max_bucket_load
+        )
+    return min(candidate_buckets, lookup.num_buckets - 1)
 
 
 def next_token(causal_lm, hidden_states, sampler, k):
     """One step: `(next token ids [b], fell back to the full scan)`."""
     lookup = causal_lm.backbone.signature_lookup
-    signatures = lookup.signatures
-    log_probs = head_log_probs(causal_lm.bucket_logits(hidden_states))
+    log_probs, signatures = heads(causal_lm, hidden_states)
     if uses_candidate_search(causal_lm):
         buckets = min(
-            max(causal_lm.resolved_candidate_buckets(), k),
+            max(resolved_candidate_buckets(causal_lm), k),
             lookup.num_buckets - 1,
         )
         values, ids, certified = candidate_top_k(
@@ -515,6 +549,27 @@ def empty_cache(backbone, token_ids, dtype):
 # --- Generation loops --------------------------------------------------------
 
 
+def cached_generate_function(causal_lm, make_compiled):
+    """The task's generation function: `make_compiled()` (KerasHub's
+    `make_generate_function`) wrapped by `counted_generate_function`, built
+    again when the table version or the decoding settings changed."""
+    version = causal_lm.bucket_index.refresh(
+        causal_lm.backbone.signature_lookup
+    )
+    key = (version, causal_lm.decoding, causal_lm.candidate_buckets)
+    cached = causal_lm.generate_function
+    if cached is None or key != getattr(cached, "decoding_key", None):
+        causal_lm.generate_function = None  # KerasHub builds only if None
+        cached = counted_generate_function(
+            make_compiled(),
+            causal_lm.backbone.vocabulary_size,
+            causal_lm.decoding_statistics,
+        )
+        cached.decoding_key = key
+        causal_lm.generate_function = cached
+    return cached
+
+
 def counted_generate_function(compiled, vocabulary_size, statistics):
     """Wraps KerasHub's compiled generation function: checks the prompt's
     token ids on the host (once per call, not per token) and adds the
@@ -582,8 +637,8 @@ def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
     def body(prompt, cache, index, fallbacks, steps):
         batch_size = ops.shape(prompt)[0]
         previous = ops.slice(prompt, [0, index - 1], [batch_size, 1])
-        hidden, cache = causal_lm.hidden_states_with_cache(
-            previous, cache, index - 1
+        hidden, cache = trunk_with_cache(
+            causal_lm.backbone, previous, cache, index - 1
         )
         chosen, fallback = next_token(causal_lm, hidden[:, 0], sampler, k)
         chosen = ops.cast(chosen, prompt.dtype)

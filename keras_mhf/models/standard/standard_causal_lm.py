@@ -70,27 +70,6 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
             )
         return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
-    def export_to_transformers(
-        self, path, overwrite=False, max_position_embeddings=32768
-    ):
-        """Writes a stock Hugging Face `Qwen3ForCausalLM` checkpoint
-        (`config.json`, `model.safetensors`, `generation_config.json`, the
-        tokenizer files) that `transformers.AutoModelForCausalLM` and
-        `from_preset(path)` load; see
-        `keras_mhf.utils.transformers.export_qwen3`.
-
-        Example:
-
-        ```python
-        standard.export_to_transformers("exported_standard_hf")
-        ```
-        """
-        from keras_mhf.utils.transformers import export_qwen3
-
-        return export_qwen3.export_causal_lm(
-            self, path, overwrite, max_position_embeddings
-        )
-
 
 def standard_backbone(
     vocabulary_size,

@@ -23,6 +23,13 @@ from keras_mhf.utils.transformers.sentencepiece_tokenizer_files import (
 
 WEIGHTS_FILE = "model.safetensors"
 
+# Backbone class name -> the module whose `export_causal_lm` writes its task
+# (as KerasHub's `hf_exporter` keys its exporters by backbone).
+CAUSAL_LM_EXPORTERS = {
+    "MultiHashFormerBackbone": "export_multi_hash_former",
+    "StandardBackbone": "export_qwen3",
+}
+
 
 def check_not_quantized(model):
     """Raises a clear error if any layer of `model` is quantized: the
@@ -258,3 +265,22 @@ def export(model, path, overwrite, write):
     temporary directory renamed to `path` (`write_directory`)."""
     check_not_quantized(model)
     return write_directory(path, overwrite, write)
+
+
+def export_causal_lm(causal_lm, path, overwrite, max_position_embeddings):
+    """`export_to_transformers` of a causal LM task: the exporter of its
+    backbone (`CAUSAL_LM_EXPORTERS`) writes `path`."""
+    import importlib
+
+    name = type(causal_lm.backbone).__name__
+    if name not in CAUSAL_LM_EXPORTERS:
+        raise ValueError(
+            f"No Hugging Face exporter for a {name}; supported backbones: "
+            f"{sorted(CAUSAL_LM_EXPORTERS)}."
+        )
+    module = importlib.import_module(
+        f"keras_mhf.utils.transformers.{CAUSAL_LM_EXPORTERS[name]}"
+    )
+    return module.export_causal_lm(
+        causal_lm, path, overwrite, max_position_embeddings
+    )
