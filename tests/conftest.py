@@ -27,6 +27,7 @@ def pytest_addoption(parser):
 # these only in the JAX pass, since the other passes would repeat them.
 BACKEND_INDEPENDENT = {
     "test_data_documents.py",
+    "test_docstring_examples.py",
     "test_package_structure.py",
     "test_prepare_data.py",
     "test_signature_lsh.py",

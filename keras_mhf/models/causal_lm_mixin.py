@@ -8,7 +8,7 @@ import keras
 import keras_hub
 
 from keras_mhf.models import causal_lm_inputs
-from keras_mhf.utils.keras_utils import text_fit
+from keras_mhf.utils.keras_utils import in_memory_fit
 
 
 class CausalLMMixin:
@@ -36,7 +36,7 @@ class CausalLMMixin:
         """
         self.check_tokenizer()
         x = causal_lm_inputs.checked_fit_inputs(self, x, y)
-        with text_fit(x, args, kwargs):  # KerasHub's text batching, quietly
+        with in_memory_fit(x, args, kwargs):  # KerasHub's batching, quietly
             return super().fit(x, y, *args, **kwargs)
 
     def generate(

@@ -1,6 +1,7 @@
 """Small helpers shared by the layers and models (keras.ops only)."""
 
 import contextlib
+import inspect
 import logging
 
 import keras
@@ -150,25 +151,28 @@ class _DropGrainReadAheadWarning(logging.Filter):
         )
 
 
-def _is_text_list(x):
-    """A list, tuple or array of strings (what KerasHub batches itself)."""
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in ("U", "S", "O")
-    return isinstance(x, (list, tuple)) and all(
-        isinstance(entry, (str, bytes)) for entry in x
-    )
+def _is_in_memory(x):
+    """Data KerasHub's `Task.fit` batches itself into an ordered dataset:
+    anything but a dataset, a `keras.utils.PyDataset` or a generator."""
+    module = type(x).__module__
+    if module.startswith(("grain", "tensorflow")) or x is None:
+        return False
+    if isinstance(x, keras.utils.PyDataset) or inspect.isgenerator(x):
+        return False
+    return True
 
 
 @contextlib.contextmanager
-def text_fit(x, args, kwargs):
-    """Around a KerasHub task's `fit` on in-memory text: states the order
-    the data really has and keeps KerasHub's own Grain options quiet.
+def in_memory_fit(x, args, kwargs):
+    """Around a KerasHub task's `fit` on in-memory data (strings, arrays, a
+    dict of arrays): states the order the data really has and keeps
+    KerasHub's own Grain options quiet.
 
-    KerasHub 0.32 batches a list of strings into an ordered Grain dataset,
-    and Keras ignores `shuffle` for a dataset (warning that it does, on
-    every call, since `shuffle=True` is `fit`'s default). When the caller
-    did not pass `shuffle`, `shuffle=False` is set in `kwargs` (the training
-    is the same; shuffle the list first to train in another order); a
+    KerasHub 0.32 batches in-memory data into an ordered Grain dataset, and
+    Keras ignores `shuffle` for a dataset (warning that it does, on every
+    call, since `shuffle=True` is `fit`'s default). When the caller did not
+    pass `shuffle`, `shuffle=False` is set in `kwargs` (the training is the
+    same; shuffle the data first to train in another order); a
     `shuffle=True` the caller passed still warns, as it should. Grain's
     warning about the read-ahead buffer KerasHub chose is dropped while the
     block runs.
@@ -181,11 +185,11 @@ def text_fit(x, args, kwargs):
     Example:
 
     ```python
-    with text_fit(x, args, kwargs):
+    with in_memory_fit(x, args, kwargs):
         history = super().fit(x, y, *args, **kwargs)
     ```
     """
-    if not _is_text_list(x):
+    if not _is_in_memory(x):
         yield
         return
     if len(args) < 7:  # `shuffle` is fit's 9th parameter (x, y, ...)

@@ -33,6 +33,15 @@ class MultiHashFormerCausalLMPreprocessor(CausalLMPreprocessor):
     Example:
 
     ```python
+    import io
+    import sentencepiece as spm
+
+    model = io.BytesIO()  # or pass the path of a `.model` file
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["The quick brown fox jumps."] * 20),
+        model_writer=model, vocab_size=24, minloglevel=2,
+    )
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
     preprocessor = keras_mhf.models.MultiHashFormerCausalLMPreprocessor(
         tokenizer, sequence_length=64
     )

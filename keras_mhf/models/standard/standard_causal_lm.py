@@ -23,7 +23,7 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
     same `Qwen3DecoderBlock` trunk as MultiHashFormer) and the default loss
     differ: a token cross-entropy averaged over unmasked
     positions, like `SignatureCrossEntropy`. Build one with
-    `keras_mhf.models.standard.standard_causal_lm(tokenizer, architecture)`.
+    `keras_mhf.models.standard_causal_lm(tokenizer, architecture)`.
 
     Args:
         backbone: a `StandardBackbone`.
@@ -33,7 +33,18 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
     Example:
 
     ```python
-    standard = keras_mhf.models.standard.standard_causal_lm(tokenizer, "tiny")
+    import io
+    import sentencepiece as spm
+
+    model = io.BytesIO()  # or pass the path of a `.model` file
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["The cell is the basic unit of life."] * 20),
+        model_writer=model, vocab_size=19, minloglevel=2,
+    )
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
+    standard = keras_mhf.models.standard_causal_lm(
+        tokenizer, "tiny", sequence_length=16
+    )
     standard.fit(["The cell is the basic unit of life."] * 8, batch_size=4)
     standard.generate("The cell", max_length=16)
     ```
@@ -120,7 +131,16 @@ def standard_causal_lm(
     Example:
 
     ```python
-    standard = keras_mhf.models.standard.standard_causal_lm(
+    import io
+    import sentencepiece as spm
+
+    model = io.BytesIO()  # or pass the path of a `.model` file
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["The quick brown fox jumps."] * 20),
+        model_writer=model, vocab_size=24, minloglevel=2,
+    )
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
+    standard = keras_mhf.models.standard_causal_lm(  # Standard+1L
         tokenizer, "tiny", extra_layers=1
     )
     ```
