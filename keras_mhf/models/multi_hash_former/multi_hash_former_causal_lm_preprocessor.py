@@ -33,15 +33,11 @@ class MultiHashFormerCausalLMPreprocessor(CausalLMPreprocessor):
     Example:
 
     ```python
-    import io
-    import sentencepiece as spm
+    from keras_mhf.pretraining import train_sentencepiece
 
-    model = io.BytesIO()  # or pass the path of a `.model` file
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(["The quick brown fox jumps."] * 20),
-        model_writer=model, vocab_size=24, minloglevel=2,
-    )
-    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
+    texts = ["The quick brown fox jumps."] * 20
+    path = train_sentencepiece(texts, 300, "tok.model")  # or your own
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(path)
     preprocessor = keras_mhf.models.MultiHashFormerCausalLMPreprocessor(
         tokenizer, sequence_length=64
     )

@@ -34,14 +34,10 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
     Example:
 
     ```python
-    import io
-    import sentencepiece as spm
-
-    model = io.BytesIO()  # or pass the path of a `.model` file
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(["The quick brown fox jumps."] * 20),
-        model_writer=model, vocab_size=24, minloglevel=2,
-    )
+    import io, sentencepiece as spm  # or pass a `.model` file's path
+    texts, model = ["The quick brown fox jumps."] * 20, io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts),
+        model_writer=model, vocab_size=24, minloglevel=2)
     tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
     tokenizer("The quick brown fox.")
     ```

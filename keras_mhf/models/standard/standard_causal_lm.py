@@ -33,15 +33,11 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
     Example:
 
     ```python
-    import io
-    import sentencepiece as spm
+    from keras_mhf.pretraining import train_sentencepiece
 
-    model = io.BytesIO()  # or pass the path of a `.model` file
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(["The cell is the basic unit of life."] * 20),
-        model_writer=model, vocab_size=19, minloglevel=2,
-    )
-    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
+    texts = ["The cell is the basic unit of life."] * 20
+    path = train_sentencepiece(texts, 300, "tok.model")  # or your own
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(path)
     standard = keras_mhf.models.standard_causal_lm(
         tokenizer, "tiny", sequence_length=16
     )
@@ -131,15 +127,11 @@ def standard_causal_lm(
     Example:
 
     ```python
-    import io
-    import sentencepiece as spm
+    from keras_mhf.pretraining import train_sentencepiece
 
-    model = io.BytesIO()  # or pass the path of a `.model` file
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(["The quick brown fox jumps."] * 20),
-        model_writer=model, vocab_size=24, minloglevel=2,
-    )
-    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(model.getvalue())
+    texts = ["The quick brown fox jumps."] * 20
+    path = train_sentencepiece(texts, 300, "tok.model")  # or your own
+    tokenizer = keras_mhf.models.MultiHashFormerTokenizer(path)
     standard = keras_mhf.models.standard_causal_lm(  # Standard+1L
         tokenizer, "tiny", extra_layers=1
     )
