@@ -216,9 +216,19 @@ def main(argv=None):
 
     print("\n=== Export ===")
     saved_model = os.path.join(args.output, "mhf", "saved_model")
-    lm.export(saved_model)
+    lm.export(saved_model, overwrite=True)
+    print(
+        f"TF SavedModel (serve, score, generate, text endpoints): {saved_model}"
+    )
     keras_file = os.path.join(args.output, "mhf", "model.keras")
     lm.save(keras_file)
+    print(f"Keras file (keras.saving.load_model): {keras_file}")
+    hugging_face = os.path.join(args.output, "mhf", "hugging_face")
+    lm.export_to_transformers(hugging_face, overwrite=True)
+    print(
+        "Hugging Face checkpoint (the authors' format; from_preset loads it "
+        f"back): {hugging_face}"
+    )
 
     print("\n=== Where everything went ===")
     for label, path in [
@@ -226,6 +236,7 @@ def main(argv=None):
         ("MHF preset (from_preset)", runs["mhf"]["preset"]),
         ("MHF .keras file", keras_file),
         ("MHF TF SavedModel (ids and text endpoints)", saved_model),
+        ("MHF Hugging Face checkpoint", hugging_face),
         ("Standard preset", runs["standard"]["preset"]),
         ("training logs", os.path.join(args.output, "*", "log.csv")),
         ("loss plots", os.path.join(args.output, "*", "loss.png")),
