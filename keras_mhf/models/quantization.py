@@ -30,6 +30,7 @@ rather than import Keras' private `should_quantize_layer`.
 """
 
 import contextlib
+import gc
 import re
 
 import keras
@@ -269,6 +270,23 @@ def _calibration_reaches_hooks(structure):
             layer.__dict__.pop("quantized_call", None)
 
 
+@contextlib.contextmanager
+def _one_garbage_collection():
+    """Quantizing replaces every float kernel, and Keras' `Layer.__delattr__`
+    runs a full `gc.collect()` after each deleted variable (so a device
+    buffer is freed at once): hundreds of collections for one model, each
+    as slow as the process is large (seconds in a process holding other
+    models). Inside the block those calls are skipped; one collection runs
+    at its end, which frees the same buffers."""
+    collect = gc.collect
+    gc.collect = lambda *args, **kwargs: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        gc.collect()
+
+
 def _quantize(
     model,
     backbone,
@@ -286,14 +304,15 @@ def _quantize(
     mode = _resolve_mode(mode, config)
     table_quantization(mode, config)  # refuse before anything changes
     structure = _structure(model, mode, config)
-    with _calibration_reaches_hooks(structure):
-        model_quantize(
-            mode,
-            config=config,
-            filters=_model_filters(structure, filters, preprocessor),
-            **kwargs,
-        )
-    quantize_hash_tables(backbone, mode, config, filters)
+    with _one_garbage_collection():
+        with _calibration_reaches_hooks(structure):
+            model_quantize(
+                mode,
+                config=config,
+                filters=_model_filters(structure, filters, preprocessor),
+                **kwargs,
+            )
+        quantize_hash_tables(backbone, mode, config, filters)
 
 
 def quantize_backbone(
