@@ -45,6 +45,10 @@ ONCE_PER_SUITE = {
     "test_lm_eval_adapter.py::test_lm_eval_command_on_local_tasks",
     "test_vocabulary_expansion.py::test_recipe_on_shared_data",
     "test_evaluation.py::test_evaluate_recipe_end_to_end",
+    # Whether importing keras_mhf patches KerasHub's Qwen3 is a question of
+    # Python modules, not of the backend.
+    "test_qwen3_decoder_block.py::"
+    "test_importing_keras_mhf_leaves_stock_qwen3_unchanged",
 }
 
 

@@ -61,9 +61,18 @@ def generate_both(lm, sampler_factory):
     return outputs
 
 
+@pytest.fixture(scope="module")
+def trained_lm(corpus):
+    """One trained model for the module (each test restores what it
+    changes)."""
+    return make_lm(True, corpus)
+
+
 @pytest.mark.parametrize("trained", [False, True], ids=["random", "trained"])
-def test_candidates_return_exactly_the_full_scan_tokens(trained, corpus):
-    lm = make_lm(trained, corpus)
+def test_candidates_return_exactly_the_full_scan_tokens(
+    trained, corpus, request
+):
+    lm = request.getfixturevalue("trained_lm") if trained else make_lm(False)
     for name, factory in (
         ("greedy", lambda: keras_hub.samplers.GreedySampler()),
         ("top_k", lambda: keras_hub.samplers.TopKSampler(k=3, seed=11)),
@@ -124,19 +133,24 @@ def test_ties_go_to_the_lowest_token_id():
     np.testing.assert_array_equal(to_numpy(values), [[3.0, 3.0, 2.0]])
 
 
-def test_greedy_candidates_match_the_uncached_argmax(corpus):
-    lm = make_lm(True, corpus)
+def test_greedy_candidates_match_the_uncached_argmax(trained_lm):
+    lm = trained_lm
+    lm.decoding = "candidates"
     lm.compile(sampler="greedy")
-    prompt = lm.preprocessor.generate_preprocess(
-        ["The cell"], sequence_length=12
-    )
+    preprocessor = lm.preprocessor
+    prompt = preprocessor.generate_preprocess(["The cell"], sequence_length=12)
     lm.preprocessor = None
-    out = lm.generate(prompt, stop_token_ids=None)
-    ids = to_numpy(out["token_ids"])[0]
+    try:
+        out = lm.generate(prompt, stop_token_ids=None)
+        ids = to_numpy(out["token_ids"])[0]
+        # One uncached, causal forward pass over the whole output: position
+        # p - 1's log-probs depend only on the tokens up to p - 1.
+        log_probs = to_numpy(lm.score(ids[None, :]))[0]
+    finally:
+        lm.preprocessor = preprocessor
     start = int(to_numpy(prompt["padding_mask"])[0].sum())
     for position in range(start, 12):
-        log_probs = to_numpy(lm.score(ids[None, :position]))[0, -1]
-        assert ids[position] == int(np.argmax(log_probs))
+        assert ids[position] == int(np.argmax(log_probs[position - 1]))
 
 
 def test_decoding_settings(tiny_lm, tmp_path):
