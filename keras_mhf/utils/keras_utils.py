@@ -155,7 +155,7 @@ def _is_in_memory(x):
     """Data KerasHub's `Task.fit` batches itself into an ordered dataset:
     anything but a dataset, a `keras.utils.PyDataset` or a generator."""
     module = type(x).__module__
-    if module.startswith(("grain", "tensorflow")) or x is None:
+    if x is None or module.startswith(("grain", "tensorflow.python.data")):
         return False
     if isinstance(x, keras.utils.PyDataset) or inspect.isgenerator(x):
         return False
