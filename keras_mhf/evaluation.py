@@ -514,14 +514,11 @@ def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
     return metrics, examples
 
 
-def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
-    """Scores each text on its own (`<s>` + tokens, truncated to
-    `max_length`): a tokenizer-independent view for comparing vocabularies.
-
-    Returns:
-        dict with `perplexity` (per token), `nats_per_character`,
-        `tokens_per_character`, `tokens` and `characters`.
-    """
+def encode_documents(tokenizer, texts, max_length=256):
+    """Each text on its own as `<s>` + its tokens, truncated to `max_length`,
+    with the characters those tokens cover (texts of one token or none are
+    skipped): `(sequences, characters)`. Encode once, score many times with
+    `encoded_document_likelihood`."""
     seqs, chars = [], 0
     for text in texts:
         ids = ([tokenizer.start_token_id] + _encode(tokenizer, text))[
@@ -536,20 +533,46 @@ def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
             if len(ids) < max_length
             else len(_decode(tokenizer, ids[1:]))
         )
+    return seqs, chars
+
+
+def encoded_document_likelihood(model, encoded, batch_size=8):
+    """`document_likelihood` of `encode_documents`' output, under the
+    model's current scoring rule (sequences are batched by length, so
+    little is padded)."""
+    seqs, chars = encoded
+    if not seqs or not chars:
+        raise ValueError("No text to score: every document was empty.")
+    seqs = sorted(seqs, key=len)
     nll, tokens = 0.0, 0
     for start in range(0, len(seqs), batch_size):
         ids, mask = _pad_batch(seqs[start : start + batch_size])
-        lls = token_log_likelihoods(model, ids, mask, batch_size=len(ids))
+        lls = token_log_likelihoods(model, ids, mask, batch_size=batch_size)
         valid = mask[:, 1:].astype(bool)
-        nll -= float(lls[valid].sum())
+        nll -= float(lls[valid].astype("float64").sum())
         tokens += int(valid.sum())
     return {
         "perplexity": float(np.exp(nll / tokens)),
         "nats_per_character": nll / chars,
+        "bits_per_character": nll / chars / np.log(2.0),
         "tokens_per_character": tokens / chars,
         "tokens": tokens,
         "characters": chars,
     }
+
+
+def document_likelihood(model, tokenizer, texts, max_length=256, batch_size=8):
+    """Scores each text on its own (`<s>` + tokens, truncated to
+    `max_length`): a tokenizer-independent view for comparing vocabularies.
+
+    Returns:
+        dict with `perplexity` (per token), `nats_per_character`,
+        `bits_per_character`, `tokens_per_character`, `tokens` and
+        `characters`.
+    """
+    return encoded_document_likelihood(
+        model, encode_documents(tokenizer, texts, max_length), batch_size
+    )
 
 
 def evaluate_preset(

@@ -31,7 +31,10 @@ SCRIPTS = {
 }
 
 
-def _in_script(piece, prefixes):
+def in_script(piece, language, scripts=None):
+    """Whether `piece` is made of `language`'s script (`SCRIPTS`, or
+    `scripts`: `{language: Unicode name prefixes}`) and non-letters."""
+    prefixes = {**SCRIPTS, **(scripts or {})}[language]
     chars = [c for c in piece if c != "▁"]
     return (
         bool(chars)
@@ -98,7 +101,7 @@ def expand_sentencepiece(
             for p in sorted(aux_model.pieces, key=lambda p: -p.score)
             if p.type == normal
             and p.piece not in existing
-            and _in_script(p.piece, scripts[language])
+            and in_script(p.piece, language, scripts)
         ]
         # Characters first (merges need their parts), then merges by rank.
         chars = [p for p in candidates if len(p.replace("▁", "")) == 1]

@@ -73,6 +73,8 @@ def test_inference_benchmark_smoke(tmp_path, inference):
             ("standard", 512),
             ("standard", 2048),
             ("mhf_random", 512),
+            ("mhf_disagree", 512),
+            ("mhf_disagree", 2048),
         }
         mhf = [r for r in results if r["kind"] == "mhf"]
         for r in mhf:
@@ -80,6 +82,12 @@ def test_inference_benchmark_smoke(tmp_path, inference):
             assert 0.0 <= r["mhf_candidates_fallback_rate_b8"] <= 1.0
             assert r["mhf_score_tokens_per_s"] > 0
         assert "fallback" in report and (tmp_path / "vocabulary.png").exists()
+        # The all-fallback table: candidates against the full scan.
+        disagree = [r for r in results if r["kind"] == "mhf_disagree"]
+        for r in disagree:
+            assert r["disagree_full_ms_per_token_b8"] > 0
+            assert 0.0 <= r["disagree_candidates_fallback_rate_b1"] <= 1.0
+        assert "Every step falls back" in report
     else:
         by = {r["kind"]: r for r in results}
         assert set(by) == {

@@ -1,4 +1,4 @@
-import os
+import json
 import subprocess
 import sys
 
@@ -143,22 +143,58 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
             "--pieces-per-language",
             "60",
             "--steps",
-            "3",
+            "2",
             "--batch-size",
             "2",
             "--sequence-length",
             "32",
             "--max-train-lines",
-            "150",
+            "100",
             "--validation-lines",
             "8",
+            "--calibration-lines",
+            "8",
+            "--eval-every",
+            "2",
+            "--seeds",
+            "2",
+            "--max-length",
+            "32",
         ],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    report = (tmp_path / "ve" / "report.md").read_text()
-    assert "English lines whose tokenization changed: 0" in report
-    assert "| mhf | 0 | ar |" in report
-    assert os.path.exists(tmp_path / "ve" / "mhf_expanded" / "config.json")
+    out = tmp_path / "ve"
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokenizer"]["english_lines_changed"] == 0
+    assert report["tokenizer"]["new_vocabulary"] == 32768 + sum(
+        report["tokenizer"]["new_pieces_per_language"].values()
+    )
+    mhf, std = report["summary"]["mhf"], report["summary"]["std"]
+    assert mhf["parameters_added"] == 0
+    # Its signature table (and the bucket index derived from it) grow by H
+    # integers per new token each.
+    assert mhf["integers_added"] == 2 * 3 * (
+        report["tokenizer"]["new_vocabulary"] - 32768
+    )
+    assert std["parameters_added"] > 0
+    assert mhf["seeds"] == std["seeds"] == [0, 1]
+    for lang in ("ar", "zh", "hi", "en"):
+        row = mhf["languages"][lang]
+        assert np.isfinite(row["after"][0]) and np.isfinite(
+            row["after_paper_rule"][0]
+        )
+        # The new pieces shorten the new languages' text, never English's.
+        tpc = report["tokens_per_character"][lang]
+        if lang == "en":
+            assert tpc["new"] == tpc["old"]
+        else:
+            assert tpc["new"] < tpc["old"]
+    # The curve: right after the expansion, then every 2 steps.
+    curve = report["models"]["mhf"]["runs"][1]["curve"]
+    assert [p["step"] for p in curve] == [0, 2]
+    assert "| mhf | " in (out / "report.md").read_text()
+    assert (out / "curves.png").stat().st_size > 0
+    assert (out / "runs" / "mhf" / "seed1" / "preset" / "config.json").exists()

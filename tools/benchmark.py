@@ -63,13 +63,15 @@ def parse_args(argv=None):
     p.add_argument("--output", default="benchmark.json")
     p.add_argument(
         "--inference",
-        choices=["vocabulary", "quantization"],
+        choices=["vocabulary", "fallback", "quantization"],
         default=None,
         help="inference benchmarks: generation (KV cache, ms/token, batch 1 "
         "and 8) and loss scoring against the vocabulary size for a trained "
         "MHF expanded with synthetic tokens (candidate and full decoding, "
-        "fallback rates) and the Standard baseline on the same trunk; or "
-        "float32 against quantized models",
+        "fallback rates) and the Standard baseline on the same trunk; "
+        "fallback: candidate decoding when every step falls back (a random "
+        "MHF whose bucket tables are scaled x30, so the heads disagree) "
+        "against the full scan; or float32 against quantized models",
     )
     p.add_argument(
         "--mhf-preset",
@@ -442,7 +444,7 @@ def main(argv=None):
     if args.compare:
         print(compare(*args.compare))
         return
-    if args.smoke and args.inference == "vocabulary":
+    if args.smoke and args.inference in ("vocabulary", "fallback"):
         args.vocab, args.mhf_architecture, args.new_tokens = (
             [512, 2048],
             "tiny_h3b64",
@@ -465,6 +467,8 @@ def main(argv=None):
         stem = os.path.splitext(args.output)[0]
         if args.inference == "vocabulary":
             report = vocabulary_report(results, args, stem + ".png")
+        elif args.inference == "fallback":
+            report = fallback_report(results, args)
         else:
             report = quantization_report(results, args)
         print("\n" + report)
@@ -569,6 +573,48 @@ def _generation(model, prefix, new_tokens):
     return result
 
 
+# The bucket tables of the random model are scaled by this, so that its
+# heads are confident and disagree: every candidate-decoding step falls back.
+DISAGREE_SCALE = 30.0
+
+
+def _all_fallback(args, vocabulary_size):
+    """Candidate decoding when every step falls back, against the full scan
+    of the same model: a random `--mhf-architecture` MHF (the preset's trunk
+    with `--mhf-preset`) whose bucket tables are scaled by `DISAGREE_SCALE`,
+    `K` set explicitly (the automatic choice would scan small vocabularies
+    whole)."""
+    import keras
+
+    from keras_mhf.models import MultiHashFormerCausalLM
+
+    architecture = args.mhf_architecture
+    trunk = {}
+    if args.mhf_preset is not None:
+        model = _mhf_for_vocabulary(args, 32768)
+        config = model.backbone.get_config()
+        architecture = f"tiny_h{config['num_hashes']}b{config['num_buckets']}"
+        trunk = _trunk_of(model)
+    keras.utils.set_random_seed(0)
+    model = MultiHashFormerCausalLM.from_tokens(
+        benchmarking.synthetic_tokens(vocabulary_size),
+        architecture,
+        pad_token_id=2,
+        **trunk,
+    )
+    for table in model.backbone.hash_encoder.embeddings:
+        table.assign(keras.ops.convert_to_numpy(table) * DISAGREE_SCALE)
+    model.compile(sampler="greedy")
+    model.candidate_buckets = model.resolved_candidate_buckets()
+    result = {"candidate_buckets": model.candidate_buckets}
+    for decoding in ("candidates", "full"):
+        model.decoding = decoding
+        result.update(
+            _generation(model, f"disagree_{decoding}", args.new_tokens)
+        )
+    return result
+
+
 def inference_worker(kind, vocabulary_size, args):
     """Measures one model of an inference benchmark; prints one JSON line."""
     import keras
@@ -577,7 +623,9 @@ def inference_worker(kind, vocabulary_size, args):
     from keras_mhf.models import standard_backbone
 
     result = {"kind": kind, "vocabulary_size": vocabulary_size}
-    if kind in ("mhf", "mhf_random"):
+    if kind == "mhf_disagree":
+        result.update(_all_fallback(args, vocabulary_size))
+    elif kind in ("mhf", "mhf_random"):
         model = _mhf_for_vocabulary(args, vocabulary_size)
         if kind == "mhf_random":  # same architecture, untrained weights
             config = model.backbone.get_config()
@@ -641,7 +689,9 @@ def run_inference(args):
         for vocabulary_size in args.vocab:
             jobs += [("mhf", vocabulary_size), ("standard", vocabulary_size)]
         jobs.append(("mhf_random", min(args.vocab)))
-    else:
+    if args.inference in ("vocabulary", "fallback"):
+        jobs += [("mhf_disagree", v) for v in args.vocab]
+    if args.inference == "quantization":
         for config in args.configs:
             for mode in ["float32"] + list(args.quantize):
                 jobs.append((f"{config}:{mode}", min(args.vocab)))
@@ -718,6 +768,31 @@ def _by(results, kind, vocabulary_size):
     )
 
 
+def fallback_report(results, args):
+    """The all-fallback table: candidate decoding whose every step falls
+    back to the full scan, against `decoding="full"` on the same model."""
+    lines = [
+        f"Every step falls back (a random {args.mhf_architecture} whose "
+        f"bucket tables are scaled x{DISAGREE_SCALE:g}, so its heads "
+        "disagree; greedy):",
+        "",
+        "| V | K | candidates ms/token b1 / b8 | full scan b1 / b8 | "
+        "candidates / full b1 / b8 | fallback rate b1 / b8 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in args.vocab:
+        r = _by(results, "mhf_disagree", v)
+        c = [r[f"disagree_candidates_ms_per_token_b{b}"] for b in (1, 8)]
+        f = [r[f"disagree_full_ms_per_token_b{b}"] for b in (1, 8)]
+        rates = [r[f"disagree_candidates_fallback_rate_b{b}"] for b in (1, 8)]
+        lines.append(
+            f"| {v:,} | {r['candidate_buckets']} | {c[0]:.1f} / {c[1]:.1f} | "
+            f"{f[0]:.1f} / {f[1]:.1f} | {c[0] / f[0]:.2f} / "
+            f"{c[1] / f[1]:.2f} | {rates[0]:.3f} / {rates[1]:.3f} |"
+        )
+    return "\n".join(lines)
+
+
 def vocabulary_report(results, args, png_path):
     lines = [
         "| V | MHF candidates ms/token b1 / b8 | MHF full scan b1 / b8 | "
@@ -767,6 +842,7 @@ def vocabulary_report(results, args, png_path):
                 f"\nMHF at V={v:,}, batch {b}: {m[key] / base[key]:.2f}x its "
                 f"time per token at V={min(args.vocab):,}."
             )
+    lines.append("\n" + fallback_report(results, args))
     random = _by(results, "mhf_random", min(args.vocab))
     lines.append(
         f"\nFallback rate of an untrained model of the same architecture "

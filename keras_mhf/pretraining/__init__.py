@@ -129,6 +129,7 @@ from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row
 from keras_mhf.pretraining.run import finish
 from keras_mhf.pretraining.run import pretrain
+from keras_mhf.pretraining.run import save_preset
 from keras_mhf.pretraining.training import StopOnNonFiniteLoss
 from keras_mhf.pretraining.training import build_model
 from keras_mhf.pretraining.training import build_run_model

@@ -103,7 +103,7 @@ def finish(config, lm, data, step):
     if not is_primary():
         return summary
     preset = config.path("preset")
-    _save_preset(lm, preset)
+    save_preset(lm, preset)
     summary["preset"] = os.path.abspath(preset)
     plot = plot_log(config.path("log.csv"), config.path("loss.png"))
     if plot:
@@ -111,7 +111,7 @@ def finish(config, lm, data, step):
     return summary
 
 
-def _save_preset(lm, preset):
+def save_preset(lm, preset):
     """`save_to_preset` into a temporary directory, flushed, then renamed
     over `preset` (an older preset is replaced only by a complete one).
 
