@@ -80,11 +80,7 @@ def flops_per_token(config, vocabulary_size, trunk, context, factor=6):
     return factor * (body + attention + head)
 
 
-def generation_ms_per_token(model, batch_size, prompt_length=16, new_tokens=32):
-    """Median (of 3 calls, after a compiling call) milliseconds per generated
-    token with the KV cache; the model's sampler and decoding as set."""
-    import time
-
+def _generation_prompt(batch_size, prompt_length, new_tokens):
     import numpy as np
 
     total = prompt_length + new_tokens
@@ -94,13 +90,46 @@ def generation_ms_per_token(model, batch_size, prompt_length=16, new_tokens=32):
     }
     prompt["token_ids"][:, :prompt_length] = np.arange(3, 3 + prompt_length)
     prompt["padding_mask"][:, :prompt_length] = True
-    model.generate(prompt, stop_token_ids=None)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
+    return prompt
+
+
+def generation_ms_per_token(model, batch_size, prompt_length=16, new_tokens=32):
+    """Median (of 3 calls, after a compiling call) milliseconds per generated
+    token with the KV cache; the model's sampler and decoding as set."""
+    return interleaved_generation_ms_per_token(
+        {"model": model}, batch_size, prompt_length, new_tokens
+    )["model"]
+
+
+def interleaved_generation_ms_per_token(
+    models, batch_size, prompt_length=16, new_tokens=32, rounds=3
+):
+    """`generation_ms_per_token` of several models measured in turns (one
+    call of each per round, after a compiling call of each), so that a
+    change in the machine's load between them shows in every model's
+    times alike: `{name: median ms per token}`.
+
+    Example:
+
+    ```python
+    interleaved_generation_ms_per_token({"a": lm_a, "b": lm_b}, 1)
+    ```
+    """
+    import time
+
+    import numpy as np
+
+    prompt = _generation_prompt(batch_size, prompt_length, new_tokens)
+    for model in models.values():
         model.generate(prompt, stop_token_ids=None)
-        times.append(1000 * (time.perf_counter() - start) / new_tokens)
-    return float(np.median(times))
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            model.generate(prompt, stop_token_ids=None)
+            elapsed = time.perf_counter() - start
+            times[name].append(1000 * elapsed / new_tokens)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def scoring_tokens_per_s(model, vocabulary_size, batch_size=8, length=128):

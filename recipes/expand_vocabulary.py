@@ -136,6 +136,26 @@ def parse_args(argv=None):
         default=256,
         help="held-out lines are scored on their own, cut to this many tokens",
     )
+    p.add_argument(
+        "--run-models",
+        nargs="*",
+        default=None,
+        help="models this process runs (default: all); the others' finished "
+        "runs are read from WORK_DIR, so several processes can share the "
+        "work",
+    )
+    p.add_argument(
+        "--run-seeds",
+        nargs="*",
+        type=int,
+        default=None,
+        help="seeds this process runs (default: 0..--seeds-1)",
+    )
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: report the finished runs in WORK_DIR",
+    )
     p.add_argument("--output", required=True)
     p.add_argument(
         "--work-dir",
@@ -412,6 +432,23 @@ class Experiment:
     def run(self, name, kind, preset, seed):
         """Expansion and continual pre-training of one model with one seed
         (the result is cached in WORK_DIR/<name>/seed<k>/result.json)."""
+        from keras_mhf.utils.files import read_json
+        from keras_mhf.utils.output_lock import output_lock
+
+        args = self.args
+        folder = os.path.join(self.work_dir, name, f"seed{seed}")
+        path = os.path.join(folder, "result.json")
+        if os.path.exists(path):
+            return read_json(path)
+        runs_here = (args.run_models is None or name in args.run_models) and (
+            args.run_seeds is None or seed in args.run_seeds
+        )
+        if args.report_only or not runs_here:
+            return None  # another process's, or not run yet
+        with output_lock(folder, f"the {name} seed {seed} run"):
+            return self._run(name, kind, preset, seed, folder, path)
+
+    def _run(self, name, kind, preset, seed, folder, path):
         import keras
         import keras_hub
 
@@ -419,7 +456,6 @@ class Experiment:
         from keras_mhf.pretraining import fit_blocks
         from keras_mhf.pretraining import make_optimizer
         from keras_mhf.pretraining import save_preset
-        from keras_mhf.utils.files import read_json
         from keras_mhf.utils.files import write_json
         from keras_mhf.utils.keras_utils import count_trainable_parameters
         from keras_mhf.vocabulary_expansion import expand_standard_vocabulary
@@ -428,11 +464,6 @@ class Experiment:
         )
 
         args = self.args
-        folder = os.path.join(self.work_dir, name, f"seed{seed}")
-        path = os.path.join(folder, "result.json")
-        if os.path.exists(path):
-            return read_json(path)
-        os.makedirs(folder, exist_ok=True)
         started = time.time()
         keras.config.set_dtype_policy("float32")
         keras.utils.set_random_seed(seed)
@@ -542,31 +573,32 @@ def expand_vocabulary_experiment(args, verbose=1):
     os.makedirs(args.output, exist_ok=True)
     with output_lock(args.output, "a vocabulary-expansion experiment"):
         experiment = Experiment(args, verbose)
-        with output_lock(experiment.work_dir, "a vocabulary-expansion run"):
-            models = {}
+        models = {}
+        for name, kind, preset in experiment.specs:
+            models[name] = {
+                "kind": kind,
+                "preset": os.path.abspath(preset),
+                "before": experiment.before(name, kind, preset),
+                "runs": [],
+            }
+        report = None
+        for seed in range(args.seeds):
             for name, kind, preset in experiment.specs:
-                models[name] = {
-                    "kind": kind,
-                    "preset": os.path.abspath(preset),
-                    "before": experiment.before(name, kind, preset),
-                    "runs": [],
-                }
-            for seed in range(args.seeds):
-                for name, kind, preset in experiment.specs:
-                    models[name]["runs"].append(
-                        experiment.run(name, kind, preset, seed)
-                    )
-                    report = make_report(experiment, models)
-                    write_json(
-                        os.path.join(args.output, "report.json"),
-                        report,
-                        indent=2,
-                    )
-                    write_atomically(
-                        os.path.join(args.output, "report.md"),
-                        markdown_report(report).encode("utf-8"),
-                    )
-                    plot_curves(report, os.path.join(args.output, "curves.png"))
+                result = experiment.run(name, kind, preset, seed)
+                if result is None:
+                    continue
+                models[name]["runs"].append(result)
+                report = make_report(experiment, models)
+                write_json(
+                    os.path.join(args.output, "report.json"), report, indent=2
+                )
+                write_atomically(
+                    os.path.join(args.output, "report.md"),
+                    markdown_report(report).encode("utf-8"),
+                )
+                plot_curves(report, os.path.join(args.output, "curves.png"))
+    if report is None:
+        raise RuntimeError(f"No finished run in {experiment.work_dir}.")
     return report
 
 
@@ -693,6 +725,8 @@ def plot_curves(report, path):
     )
     for ax, lang in zip(np.atleast_1d(axes), languages):
         for name, m in report["models"].items():
+            if not m["runs"] or not any(r["curve"] for r in m["runs"]):
+                continue
             longest = max(len(r["curve"]) for r in m["runs"])
             runs = [r for r in m["runs"] if len(r["curve"]) == longest]
             steps = [p["step"] for p in runs[0]["curve"]]

@@ -63,6 +63,43 @@ def test_lambada_matches_direct_computation(tiny_lm, small_tokenizer, tmp_path):
     )
 
 
+def test_document_likelihood_matches_direct_computation(
+    tiny_lm, small_tokenizer
+):
+    texts = [
+        "The cell is the basic unit of life.",
+        "Water boils.",
+        "Light travels faster than sound does in air.",
+    ]
+    max_length = 8  # the last text is cut
+    seqs, characters = evaluation.encode_documents(
+        small_tokenizer, texts, max_length
+    )
+    nll = 0.0
+    for ids in seqs:
+        nll -= direct_loglikelihood(tiny_lm, ids, 1)[0]
+    # Batched by length, right-padded: the same total.
+    result = evaluation.encoded_document_likelihood(
+        tiny_lm, (seqs, characters), batch_size=2
+    )
+    tokens = sum(len(s) - 1 for s in seqs)
+    np.testing.assert_allclose(
+        result["nats_per_character"], nll / characters, rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        result["bits_per_character"], nll / characters / np.log(2), rtol=1e-5
+    )
+    assert result["tokens"] == tokens
+    assert result["tokens_per_character"] == tokens / characters
+    # The cut text counts only the characters its kept tokens cover.
+    assert characters < sum(len(t) for t in texts)
+    assert evaluation.document_likelihood(
+        tiny_lm, small_tokenizer, texts, max_length, batch_size=2
+    ) == pytest.approx(result)
+    with pytest.raises(ValueError, match="No text to score"):
+        evaluation.encoded_document_likelihood(tiny_lm, ([], 0))
+
+
 def test_multiple_choice_acc_and_acc_norm(tiny_lm, small_tokenizer, tmp_path):
     docs = [
         {

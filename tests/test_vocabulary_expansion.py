@@ -128,43 +128,43 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
     standard_causal_lm(tokenizer, "tiny", sequence_length=32).save_to_preset(
         str(tmp_path / "std")
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "recipes" / "expand_vocabulary.py"),
-            "--mhf",
-            str(tmp_path / "mhf"),
-            "--standard",
-            str(tmp_path / "std"),
-            "--data",
-            str(data),
-            "--output",
-            str(tmp_path / "ve"),
-            "--pieces-per-language",
-            "60",
-            "--steps",
-            "2",
-            "--batch-size",
-            "2",
-            "--sequence-length",
-            "32",
-            "--max-train-lines",
-            "100",
-            "--validation-lines",
-            "8",
-            "--calibration-lines",
-            "8",
-            "--eval-every",
-            "2",
-            "--seeds",
-            "2",
-            "--max-length",
-            "32",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    command = [
+        sys.executable,
+        str(REPO / "recipes" / "expand_vocabulary.py"),
+        "--mhf",
+        str(tmp_path / "mhf"),
+        "--standard",
+        str(tmp_path / "std"),
+        "--data",
+        str(data),
+        "--output",
+        str(tmp_path / "ve"),
+        "--pieces-per-language",
+        "60",
+        "--steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--sequence-length",
+        "32",
+        "--max-train-lines",
+        "100",
+        "--validation-lines",
+        "8",
+        "--calibration-lines",
+        "8",
+        "--eval-every",
+        "2",
+        "--seeds",
+        "2",
+        "--max-length",
+        "32",
+        "--curve-seeds",
+        "1",
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "ve"
     report = json.loads((out / "report.json").read_text())
@@ -192,9 +192,21 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
             assert tpc["new"] == tpc["old"]
         else:
             assert tpc["new"] < tpc["old"]
-    # The curve: right after the expansion, then every 2 steps.
-    curve = report["models"]["mhf"]["runs"][1]["curve"]
-    assert [p["step"] for p in curve] == [0, 2]
+    # Seed 0's curve: right after the expansion, then every 2 steps; seed 1
+    # is scored at the end only.
+    runs = report["models"]["mhf"]["runs"]
+    assert [p["step"] for p in runs[0]["curve"]] == [0, 2]
+    assert [p["step"] for p in runs[1]["curve"]] == [2]
     assert "| mhf | " in (out / "report.md").read_text()
     assert (out / "curves.png").stat().st_size > 0
-    assert (out / "runs" / "mhf" / "seed1" / "preset" / "config.json").exists()
+    assert (
+        tmp_path / "work" / "mhf" / "seed1" / "preset" / "config.json"
+    ).exists()
+    # Finished runs are read back, not run again.
+    command[command.index(str(out))] = str(tmp_path / "again")
+    done = subprocess.run(
+        command + ["--report-only"], capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    again = json.loads((tmp_path / "again" / "report.json").read_text())
+    assert again["summary"] == report["summary"]

@@ -583,7 +583,8 @@ def _all_fallback(args, vocabulary_size):
     of the same model: a random `--mhf-architecture` MHF (the preset's trunk
     with `--mhf-preset`) whose bucket tables are scaled by `DISAGREE_SCALE`,
     `K` set explicitly (the automatic choice would scan small vocabularies
-    whole)."""
+    whole). The two decodings are measured in turns, so a change in the
+    machine's load between them does not show as a difference."""
     import keras
 
     from keras_mhf.models import MultiHashFormerCausalLM
@@ -595,23 +596,35 @@ def _all_fallback(args, vocabulary_size):
         config = model.backbone.get_config()
         architecture = f"tiny_h{config['num_hashes']}b{config['num_buckets']}"
         trunk = _trunk_of(model)
-    keras.utils.set_random_seed(0)
-    model = MultiHashFormerCausalLM.from_tokens(
-        benchmarking.synthetic_tokens(vocabulary_size),
-        architecture,
-        pad_token_id=2,
-        **trunk,
-    )
-    for table in model.backbone.hash_encoder.embeddings:
-        table.assign(keras.ops.convert_to_numpy(table) * DISAGREE_SCALE)
-    model.compile(sampler="greedy")
-    model.candidate_buckets = model.resolved_candidate_buckets()
-    result = {"candidate_buckets": model.candidate_buckets}
-    for decoding in ("candidates", "full"):
-        model.decoding = decoding
-        result.update(
-            _generation(model, f"disagree_{decoding}", args.new_tokens)
+
+    def disagreeing_model(decoding):
+        keras.utils.set_random_seed(0)
+        model = MultiHashFormerCausalLM.from_tokens(
+            benchmarking.synthetic_tokens(vocabulary_size),
+            architecture,
+            pad_token_id=2,
+            **trunk,
         )
+        for table in model.backbone.hash_encoder.embeddings:
+            table.assign(keras.ops.convert_to_numpy(table) * DISAGREE_SCALE)
+        model.compile(sampler="greedy")
+        model.candidate_buckets = model.resolved_candidate_buckets()
+        model.decoding = decoding
+        return model
+
+    # One model per decoding (the same weights), measured in turns.
+    models = {d: disagreeing_model(d) for d in ("candidates", "full")}
+    result = {"candidate_buckets": models["candidates"].candidate_buckets}
+    for batch in (1, 8):
+        models["candidates"].decoding_statistics.reset()
+        times = benchmarking.interleaved_generation_ms_per_token(
+            models, batch, new_tokens=args.new_tokens
+        )
+        for decoding, ms in times.items():
+            result[f"disagree_{decoding}_ms_per_token_b{batch}"] = ms
+        result[f"disagree_candidates_fallback_rate_b{batch}"] = models[
+            "candidates"
+        ].decoding_statistics.fallback_rate
     return result
 
 
