@@ -518,7 +518,15 @@ def encode_documents(tokenizer, texts, max_length=256):
     """Each text on its own as `<s>` + its tokens, truncated to `max_length`,
     with the characters those tokens cover (texts of one token or none are
     skipped): `(sequences, characters)`. Encode once, score many times with
-    `encoded_document_likelihood`."""
+    `encoded_document_likelihood`.
+
+    Example:
+
+    ```python
+    encoded = encode_documents(lm.preprocessor.tokenizer, ["Some text."])
+    encoded_document_likelihood(lm, encoded)["bits_per_character"]
+    ```
+    """
     seqs, chars = [], 0
     for text in texts:
         ids = ([tokenizer.start_token_id] + _encode(tokenizer, text))[

@@ -413,19 +413,39 @@ class Experiment:
 
     def before(self, name, kind, preset):
         """The base model on the held-out text with the old tokenizer
-        (cached in WORK_DIR/<name>/before.json)."""
+        (cached in WORK_DIR/<name>/before.json). An MHF model is scored
+        with a temperature fit on the calibration lines, as after the
+        expansion, and also with the temperature its preset ships (fit on
+        its pre-training text): `shipped_temperature`, and per language
+        `shipped_bits_per_character`."""
         import keras_hub
 
+        from keras_mhf.evaluation import encoded_document_likelihood
         from keras_mhf.utils.files import read_json
         from keras_mhf.utils.files import write_json
 
         path = os.path.join(self.work_dir, name, "before.json")
-        if os.path.exists(path):
-            return read_json(path)
+        result = read_json(path) if os.path.exists(path) else None
+        if result is not None and (
+            kind != "mhf" or "shipped_temperature" in result
+        ):
+            return result
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lm = keras_hub.models.CausalLM.from_preset(preset)
         self.log(f"Scoring {name} before the expansion")
-        result = self.score(lm, kind, "old", paper_rule_too=True)
+        if kind == "mhf":
+            shipped = {"shipped_temperature": lm.scoring_temperature}
+            for lang in self.evaluated:
+                metrics = encoded_document_likelihood(
+                    lm, self.encoded["old"][lang], 16
+                )
+                shipped[lang] = metrics["bits_per_character"]
+        if result is None:
+            result = self.score(lm, kind, "old", paper_rule_too=True)
+        if kind == "mhf":
+            result["shipped_temperature"] = shipped["shipped_temperature"]
+            for lang in self.evaluated:
+                result[lang]["shipped_bits_per_character"] = shipped[lang]
         write_json(path, result, indent=2)
         return result
 
@@ -620,6 +640,8 @@ def make_report(experiment, models):
             "seconds": mean_std([r["seconds"] for r in runs]),
             "languages": {},
         }
+        if "shipped_temperature" in m["before"]:
+            entry["shipped_temperature"] = m["before"]["shipped_temperature"]
         for lang in languages:
             before = m["before"][lang]
             after = [r["after"][lang] for r in runs]
@@ -631,6 +653,10 @@ def make_report(experiment, models):
                 row["before_paper_rule"] = before[
                     "paper_rule_bits_per_character"
                 ]
+                if "shipped_bits_per_character" in before:
+                    row["before_shipped_temperature"] = before[
+                        "shipped_bits_per_character"
+                    ]
                 row["after_paper_rule"] = mean_std(
                     [a["paper_rule_bits_per_character"] for a in after]
                 )
@@ -705,6 +731,29 @@ def markdown_report(report):
                 f"{text_before} | {text_after} | "
                 f"{after[0] - before:+.3f} | "
                 f"{s['training_seconds'][0]:.0f} |"
+            )
+    shipped = {
+        name: s
+        for name, s in report["summary"].items()
+        if "shipped_temperature" in s
+    }
+    if shipped:
+        lines += [
+            "",
+            "MHF before the expansion with the scoring temperature its preset "
+            "ships (fit on its English pre-training text), bits/char:",
+            "",
+            "| model | temperature | " + " | ".join(languages) + " |",
+            "|---|---|" + "---|" * len(languages),
+        ]
+        for name, s in shipped.items():
+            lines.append(
+                f"| {name} | {s['shipped_temperature']:.2f} | "
+                + " | ".join(
+                    f"{s['languages'][lang]['before_shipped_temperature']:.3f}"
+                    for lang in languages
+                )
+                + " |"
             )
     return "\n".join(lines) + "\n"
 

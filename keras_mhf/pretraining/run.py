@@ -115,6 +115,12 @@ def save_preset(lm, preset):
     """`save_to_preset` into a temporary directory, flushed, then renamed
     over `preset` (an older preset is replaced only by a complete one).
 
+    Example:
+
+    ```python
+    save_preset(lm, "runs/mhf/preset")
+    ```
+
     Raises:
         DiskFullError: the file system is (or would be) full; the temporary
             directory is removed and an older preset is kept.
