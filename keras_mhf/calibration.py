@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mhf.models.next_token_scorer import CausalLMHead
 from keras_mhf.models.next_token_scorer import NextTokenScorer
 from keras_mhf.utils.progress import Progress
 
@@ -32,13 +33,9 @@ ECE_BINS = 15
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
 
-class _RawScores(keras.layers.Layer):
+class _RawScores(CausalLMHead):
     """Final hidden states -> raw token scores `s(w)` `[b, s-1, V]` of the
     positions that predict a next token."""
-
-    def __init__(self, causal_lm, **kwargs):
-        super().__init__(**kwargs)
-        self.causal_lm = causal_lm
 
     def call(self, hidden_states):
         return self.causal_lm.token_scores(hidden_states[:, :-1])

@@ -8,6 +8,8 @@ tokenizer.
 """
 
 import contextlib
+import os
+import sys
 
 import numpy as np
 from keras import ops
@@ -15,6 +17,7 @@ from keras import ops
 from keras_mhf.calibration import expected_calibration_error
 from keras_mhf.models.next_token_scorer import NextTokenScorer
 from keras_mhf.utils.progress import Progress
+from keras_mhf.utils.progress import progress_enabled
 
 
 def _log_softmax(x):
@@ -220,6 +223,7 @@ def loglikelihoods(
     progress=None,
     label="loglikelihood",
     unit="requests",
+    on_batch=None,
 ):
     """lm-eval style log-likelihood requests.
 
@@ -232,6 +236,8 @@ def loglikelihoods(
         progress: report progress (`keras_mhf.utils.progress.Progress`;
             `None`: the `show_progress` setting).
         label, unit: the progress line's label and unit.
+        on_batch: called after each batch with the request indices it
+            scored and their results (to stream results as they come).
 
     Returns:
         list of `(log_likelihood, is_greedy)`: the summed log-probability of
@@ -263,6 +269,8 @@ def loglikelihoods(
                 float(log_probs[row, positions].sum()),
                 bool(np.all(is_argmax[row, positions])),
             )
+        if on_batch is not None:
+            on_batch(batch, [results[i] for i in batch])
         progress.update(min(start + batch_size, len(order)))
     progress.close()
     return results
@@ -298,14 +306,24 @@ def write_last_word_file(documents, path, count=100, max_words=60):
     return path
 
 
-def lambada(model, tokenizer, path, batch_size=8, limit=None, progress=None):
+def lambada(
+    model,
+    tokenizer,
+    path,
+    batch_size=8,
+    limit=None,
+    progress=None,
+    results=None,
+):
     """LAMBADA in OpenAI's `lambada_test.jsonl` format (`{"text": ...}`).
 
     The target is the last space-separated word; accuracy counts examples
     whose every target token is the greedy choice, and perplexity is
     `exp(-mean log-likelihood of the target)`, as lm-eval's `lambada_openai`.
     `progress` reports the passages scored (`None`: the `show_progress`
-    setting).
+    setting). With `results` (a `keras_mhf.evaluation_results.TaskResults`)
+    each passage's record is written as soon as it is scored, and passages
+    an earlier run recorded are not scored again.
 
     Returns:
         `(metrics, per_example)`.
@@ -315,30 +333,104 @@ def lambada(model, tokenizer, path, batch_size=8, limit=None, progress=None):
     for doc in docs:
         context, word = doc["text"].rsplit(" ", 1)
         requests.append((context, " " + word))
-    results = loglikelihoods(
+
+    def record(index, result):
+        context, target = requests[index]
+        return {
+            "context": context,
+            "target": target,
+            "loglikelihood": result[0],
+            "correct": result[1],
+        }
+
+    examples = _scored_examples(
         model,
         tokenizer,
         requests,
+        [[i] for i in range(len(requests))],
+        lambda index, found: record(index, found[0]),
         batch_size,
-        progress=progress,
-        label=f"lambada {path}",
-        unit="passages",
+        progress,
+        f"lambada {path}",
+        "passages",
+        results,
     )
-    lls = np.array([r[0] for r in results])
-    examples = [
-        {"context": c, "target": t, "loglikelihood": r[0], "correct": r[1]}
-        for (c, t), r in zip(requests, results)
-    ]
+    lls = np.array([e["loglikelihood"] for e in examples])
     metrics = {
-        "acc": float(np.mean([r[1] for r in results])),
+        "acc": float(np.mean([e["correct"] for e in examples])),
         "perplexity": float(np.exp(-lls.mean())),
         "examples": len(docs),
     }
     return metrics, examples
 
 
+def _scored_examples(
+    model,
+    tokenizer,
+    requests,
+    example_requests,
+    make_record,
+    batch_size,
+    progress,
+    label,
+    unit,
+    results=None,
+):
+    """Scores the requests of the examples `results` has not recorded yet
+    and returns every example's record, in example order.
+
+    `example_requests[k]` lists example k's request indices;
+    `make_record(k, [(log_likelihood, is_greedy), ...])` makes its record,
+    written to `results` (if given) as soon as its last request is scored.
+    """
+    done = {} if results is None else dict(results.done)
+    todo = [k for k in range(len(example_requests)) if k not in done]
+    owner, pending = {}, {}
+    for k in todo:
+        pending[k] = {}
+        for request in example_requests[k]:
+            owner[request] = k
+    order = [r for k in todo for r in example_requests[k]]
+
+    def on_batch(batch, found):
+        for local, result in zip(batch, found):
+            k = owner[order[local]]
+            pending[k][order[local]] = result
+            if len(pending[k]) == len(example_requests[k]):
+                parts = pending.pop(k)
+                record = make_record(k, [parts[r] for r in example_requests[k]])
+                if results is not None:
+                    results.add(k, record)
+                done[k] = record
+
+    loglikelihoods(
+        model,
+        tokenizer,
+        [requests[r] for r in order],
+        batch_size,
+        progress=progress,
+        label=label,
+        unit=unit,
+        on_batch=on_batch,
+    )
+    return [
+        {key: v for key, v in done[k].items() if key not in _LINE_KEYS}
+        for k in range(len(example_requests))
+    ]
+
+
+# Keys of a results line that are not the example's own record.
+_LINE_KEYS = ("task", "file", "index")
+
+
 def multiple_choice(
-    model, tokenizer, path, batch_size=8, limit=None, progress=None
+    model,
+    tokenizer,
+    path,
+    batch_size=8,
+    limit=None,
+    progress=None,
+    results=None,
 ):
     """Multiple choice in `{"query", "choices": [...], "gold": i}` JSONL.
 
@@ -346,42 +438,47 @@ def multiple_choice(
     `acc` takes the highest summed log-likelihood, `acc_norm` the highest
     log-likelihood per character of the choice, like lm-eval. `progress`
     reports the choices scored (`None`: the `show_progress` setting).
+    `results` streams and resumes, as for `lambada`.
 
     Returns:
         `(metrics, per_example)`.
     """
     docs = read_jsonl(path)[:limit]
-    requests = [(d["query"], " " + c) for d in docs for c in d["choices"]]
-    results = loglikelihoods(
+    requests, example_requests = [], []
+    for d in docs:
+        start = len(requests)
+        requests.extend((d["query"], " " + c) for c in d["choices"])
+        example_requests.append(list(range(start, len(requests))))
+
+    def record(index, found):
+        d = docs[index]
+        lls = np.array([r[0] for r in found])
+        lengths = np.array([len(c) for c in d["choices"]], "float64")
+        return {
+            "query": d["query"],
+            "loglikelihoods": lls.tolist(),
+            "prediction": int(lls.argmax()),
+            "prediction_norm": int((lls / lengths).argmax()),
+            "gold": d["gold"],
+        }
+
+    examples = _scored_examples(
         model,
         tokenizer,
         requests,
+        example_requests,
+        record,
         batch_size,
-        progress=progress,
-        label=f"multiple choice {path}",
-        unit="choices",
+        progress,
+        f"multiple choice {path}",
+        "choices",
+        results,
     )
-    examples, acc, acc_norm, k = [], [], [], 0
-    for d in docs:
-        n = len(d["choices"])
-        lls = np.array([r[0] for r in results[k : k + n]])
-        k += n
-        lengths = np.array([len(c) for c in d["choices"]], "float64")
-        pred, pred_norm = int(lls.argmax()), int((lls / lengths).argmax())
-        acc.append(pred == d["gold"])
-        acc_norm.append(pred_norm == d["gold"])
-        examples.append(
-            {
-                "query": d["query"],
-                "loglikelihoods": lls.tolist(),
-                "prediction": pred,
-                "prediction_norm": pred_norm,
-                "gold": d["gold"],
-            }
-        )
     return {
-        "acc": float(np.mean(acc)),
-        "acc_norm": float(np.mean(acc_norm)),
+        "acc": float(np.mean([e["prediction"] == e["gold"] for e in examples])),
+        "acc_norm": float(
+            np.mean([e["prediction_norm"] == e["gold"] for e in examples])
+        ),
         "examples": len(docs),
     }, examples
 
@@ -604,28 +701,110 @@ def evaluate_preset(
 
     Results are keyed `"<task>:<path as given>"`, so two files with the same
     name in different folders stay apart. `output` gets one JSON line per
-    example (perplexity: one per block, with its NLL and accuracy).
+    example (perplexity: one per block, with its NLL and accuracy) as soon
+    as it is scored, and each task's metrics when it ends
+    (`keras_mhf.evaluation_results`); rerun with the same `output`, an
+    interrupted evaluation resumes: finished tasks and recorded examples
+    are not scored again.
 
     Returns:
         `{task_key: metrics}`.
     """
-    import json
-
     import keras_hub
-    import sentencepiece as spm
 
-    from keras_mhf.data import pack_documents
-    from keras_mhf.data import read_documents
+    from keras_mhf.evaluation_results import EvaluationResults
 
     model = keras_hub.models.CausalLM.from_preset(preset)
     tokenizer = model.preprocessor.tokenizer
-    results, lines = {}, []
+    settings = {
+        "preset": os.path.abspath(preset),
+        "preset_sha256": _preset_sha256(preset),
+        "sequence_length": sequence_length,
+        "max_blocks": max_blocks,
+        "limit": limit,
+    }
+    tasks = (
+        [("perplexity", path) for path in perplexity_files]
+        + [("lambada", path) for path in lambada_files]
+        + [("multiple_choice", path) for path in multiple_choice_files]
+        + [("rare_words", path) for path in card660_files]
+    )
+    if output is None:
+        log = contextlib.nullcontext(None)
+    else:
+        log = EvaluationResults.open(output, settings)
+    results = {}
+    with log as log:
+        for task, path in tasks:
+            stream = None if log is None else log.task(task, path)
+            if stream is not None and stream.metrics is not None:
+                metrics = stream.metrics  # finished in an earlier run
+            else:
+                metrics = _evaluate_task(
+                    model,
+                    tokenizer,
+                    task,
+                    path,
+                    stream,
+                    sequence_length,
+                    max_blocks,
+                    limit,
+                    batch_size,
+                    progress,
+                )
+                if stream is not None:
+                    stream.finish(metrics)
+            results[f"{task}:{path}"] = metrics
+    scorer = NextTokenScorer._cache.get(model, {}).get(batch_size)
+    if scorer is not None and progress_enabled(progress):
+        shapes = sorted(scorer.shapes)
+        sys.stderr.write(
+            f"Scored with {len(shapes)} compiled scoring shapes (batch x "
+            f"length): {', '.join(f'{b}x{n}' for b, n in shapes)}\n"
+        )
+    return results
 
-    def record(task, path, metrics, examples):
-        results[f"{task}:{path}"] = metrics
-        lines.extend({"task": task, "file": str(path), **e} for e in examples)
 
-    for path in perplexity_files:
+def _preset_sha256(preset):
+    """One sha256 over the preset's config, task and weights files."""
+    import hashlib
+
+    from keras_mhf.utils.files import file_sha256
+
+    digest = hashlib.sha256()
+    for name in ("config.json", "task.json", "model.weights.h5"):
+        path = os.path.join(preset, name)
+        if os.path.exists(path):
+            digest.update(f"{name}:{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _evaluate_task(
+    model,
+    tokenizer,
+    task,
+    path,
+    stream,
+    sequence_length,
+    max_blocks,
+    limit,
+    batch_size,
+    progress,
+):
+    """One task of `evaluate_preset`: its metrics; per-example records go
+    to `stream` (a `TaskResults`, or `None`)."""
+    if task in ("lambada", "multiple_choice"):
+        run = lambada if task == "lambada" else multiple_choice
+        metrics, _ = run(
+            model, tokenizer, path, batch_size, limit, progress, stream
+        )
+        return metrics
+    if task == "perplexity":
+        import sentencepiece as spm
+
+        from keras_mhf.data import pack_documents
+        from keras_mhf.data import read_documents
+
         sp = spm.SentencePieceProcessor(model_proto=tokenizer.proto)
         blocks = pack_documents(
             read_documents(path),
@@ -645,29 +824,11 @@ def evaluate_preset(
             }
             for i, (n, c) in enumerate(zip(nll, correct))
         ]
-        record("perplexity", path, metrics, examples)
-    for path in lambada_files:
-        record(
-            "lambada",
-            path,
-            *lambada(model, tokenizer, path, batch_size, limit, progress),
+    else:
+        metrics, examples = rare_word_similarity(
+            model, tokenizer, path, batch_size, limit
         )
-    for path in multiple_choice_files:
-        record(
-            "multiple_choice",
-            path,
-            *multiple_choice(
-                model, tokenizer, path, batch_size, limit, progress
-            ),
-        )
-    for path in card660_files:
-        record(
-            "rare_words",
-            path,
-            *rare_word_similarity(model, tokenizer, path, batch_size, limit),
-        )
-    if output:
-        with open(output, "w") as f:
-            for line in lines:
-                f.write(json.dumps(line) + "\n")
-    return results
+    if stream is not None:
+        for index, example in enumerate(examples):
+            stream.add(index, example)
+    return metrics

@@ -10,9 +10,15 @@ Metrics follow lm-eval: perplexity over the real vocabulary; LAMBADA (OpenAI
 jsonl, target = last word) acc and perplexity as `lambada_openai`; multiple
 choice ({"query", "choices", "gold"}) acc and acc_norm; Card-660-format
 rare-word similarity (Pearson/Spearman of last-token cosine similarity, final
-and second-to-last layer). Results are keyed "<task>:<file as given>"; --output
-writes one JSON line per example (perplexity: one per block). The engine is
-`keras_mhf.evaluation.evaluate_preset`.
+and second-to-last layer). Results are keyed "<task>:<file as given>".
+
+--output streams one JSON line per example (perplexity: one per block) as it
+is scored, and each task's metrics when it ends; run the same command again
+after an interruption and it resumes (finished tasks and recorded examples
+are not scored again; other settings, another preset or a changed task file
+are refused). A progress line with an ETA goes to stderr. The engine is
+`keras_mhf.evaluation.evaluate_preset`; the file format is
+`keras_mhf.evaluation_results`.
 """
 
 import argparse
@@ -68,7 +74,10 @@ def parse_args(argv=None):
     )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument(
-        "--output", default=None, help="per-example results as JSON lines"
+        "--output",
+        default=None,
+        help="per-example results as JSON lines, written as they are "
+        "computed; a rerun resumes",
     )
     p.add_argument(
         "--no-progress",

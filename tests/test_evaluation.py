@@ -227,6 +227,8 @@ def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus):
     assert "acc_norm" in results[f"multiple_choice:{mc}"]
     assert "final_spearman" in results[f"rare_words:{card}"]
     lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert lines[0]["format"] == "keras_mhf.evaluation_results"
+    lines = [line for line in lines[1:] if "index" in line]
     assert {line["task"] for line in lines} == {
         "perplexity",
         "lambada",
@@ -252,3 +254,93 @@ def test_same_file_name_in_two_folders_is_kept_apart(tiny_lm, tmp_path):
         paths.append(str(path))
     results = evaluation.evaluate_preset(preset, lambada_files=paths)
     assert sorted(results) == sorted(f"lambada:{p}" for p in paths)
+
+
+def _task_files(tmp_path):
+    lambada = tmp_path / "lambada.jsonl"
+    lambada.write_text(
+        "".join(
+            json.dumps({"text": t}) + "\n"
+            for t in (
+                "The cell is the basic unit of life",
+                "Water boils at one hundred degrees",
+                "Light travels faster than sound",
+                "The heart pumps blood through the body",
+                "Plants need light to grow",
+            )
+        )
+    )
+    mc = tmp_path / "mc.jsonl"
+    mc.write_text(
+        "".join(
+            json.dumps({"query": q, "choices": c, "gold": 0}) + "\n"
+            for q, c in (
+                ("Water boils at", ["one hundred", "two", "cold"]),
+                ("The cell is", ["alive", "a rock"]),
+                ("Light is", ["fast", "slow", "heavy", "green"]),
+            )
+        )
+    )
+    return str(lambada), str(mc)
+
+
+def test_results_stream_and_an_interrupted_evaluation_resumes(
+    tiny_lm, tmp_path, monkeypatch
+):
+    """Per-example lines are written as examples are scored; a rerun on a
+    file cut short (even mid-line) scores only what is missing and gives
+    the same numbers; settings or task files that changed are refused."""
+    from keras_mhf.evaluation_results import EvaluationResults
+
+    preset = str(tmp_path / "preset")
+    tiny_lm.save_to_preset(preset)
+    lambada, mc = _task_files(tmp_path)
+    output = tmp_path / "results.jsonl"
+    kwargs = dict(
+        lambada_files=[lambada],
+        multiple_choice_files=[mc],
+        batch_size=2,
+        output=str(output),
+    )
+    whole = evaluation.evaluate_preset(preset, **kwargs)
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    assert lines[0]["format"] == "keras_mhf.evaluation_results"
+    examples = [line for line in lines if "index" in line]
+    assert sorted(
+        (e["task"], e["index"]) for e in examples
+    ) == sorted([("lambada", i) for i in range(5)] + [
+        ("multiple_choice", i) for i in range(3)
+    ])
+    # Cut after two lambada examples, in the middle of the third line.
+    text = output.read_text().splitlines(keepends=True)
+    keep = 1 + 1 + 2  # header, task line, two examples
+    output.write_text("".join(text[:keep]) + text[keep][:10])
+    scored = []
+    original = evaluation.loglikelihoods
+
+    def counting(model, tokenizer, requests, *args, **kw):
+        scored.extend(requests)
+        return original(model, tokenizer, requests, *args, **kw)
+
+    monkeypatch.setattr(evaluation, "loglikelihoods", counting)
+    resumed = evaluation.evaluate_preset(preset, **kwargs)
+    assert len(scored) == 3 + 9  # 3 lambada passages, 9 choices
+    for key, metrics in whole.items():
+        for name, value in metrics.items():
+            np.testing.assert_allclose(resumed[key][name], value, rtol=1e-6)
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    indices = [(x["task"], x["index"]) for x in lines if "index" in x]
+    assert len(indices) == len(set(indices)) == 8
+    # Finished: nothing is scored again.
+    scored.clear()
+    assert evaluation.evaluate_preset(preset, **kwargs) == resumed
+    assert scored == []
+    with pytest.raises(ValueError, match="another evaluation.*limit"):
+        evaluation.evaluate_preset(preset, limit=2, **kwargs)
+    with open(lambada, "a") as f:
+        f.write(json.dumps({"text": "A new passage ends here"}) + "\n")
+    with pytest.raises(ValueError, match="changed since"):
+        evaluation.evaluate_preset(preset, **kwargs)
+    output.write_text(output.read_text().replace('"task"', "task", 1))
+    with pytest.raises(ValueError, match="corrupt"):
+        EvaluationResults.open(str(output), {}).__enter__()

@@ -20,14 +20,35 @@ from keras import ops
 from keras_mhf.utils.token_ids import check_token_ids
 
 
-class _NextTokenHead(keras.layers.Layer):
-    """Final hidden states and token ids -> per-position statistics of the
-    next token: `(log_prob [b, s-1], is_argmax [b, s-1], max_log_prob
-    [b, s-1])`, all float32."""
+class CausalLMHead(keras.layers.Layer):
+    """A layer that reads a causal LM's output head.
+
+    It tracks only the layers whose weights the head reads (the backbone
+    and, for MHF, the cascade decoder), so that a compiled function receives
+    them as state, and holds the task itself through a weak reference: were
+    the task a sublayer, its never-built preprocessor and tokenizer would
+    make every Keras `predict_on_batch` call run the whole model eagerly,
+    op by op, before the compiled function (Keras builds unbuilt models by
+    calling them), and the scorer cache could never release the task."""
 
     def __init__(self, causal_lm, **kwargs):
         super().__init__(**kwargs)
-        self.causal_lm = causal_lm
+        self._causal_lm = weakref.ref(causal_lm)
+        self.head_layers = [causal_lm.backbone] + [
+            layer
+            for layer in (getattr(causal_lm, "hash_decoder", None),)
+            if layer is not None
+        ]
+
+    @property
+    def causal_lm(self):
+        return self._causal_lm()
+
+
+class _NextTokenHead(CausalLMHead):
+    """Final hidden states and token ids -> per-position statistics of the
+    next token: `(log_prob [b, s-1], is_argmax [b, s-1], max_log_prob
+    [b, s-1])`, all float32."""
 
     def call(self, hidden_states, token_ids):
         hidden_states = hidden_states[:, :-1]
@@ -51,14 +72,10 @@ class _NextTokenHead(keras.layers.Layer):
         )
 
 
-class _TargetLossHead(keras.layers.Layer):
+class _TargetLossHead(CausalLMHead):
     """Final hidden states and target ids -> per-position negative
     log-likelihood of the targets `[b, s]` (float32), through the model's
     `next_token_statistics` (MHF: never forms `[b, s, V]`)."""
-
-    def __init__(self, causal_lm, **kwargs):
-        super().__init__(**kwargs)
-        self.causal_lm = causal_lm
 
     def call(self, hidden_states, target_ids):
         picked, _, _ = self.causal_lm.next_token_statistics(
@@ -124,6 +141,8 @@ class NextTokenScorer:
         self.causal_lm = causal_lm
         self.batch_size = int(batch_size)
         self.length_multiple = int(length_multiple)
+        # Input shapes called so far: one compiled program each.
+        self.shapes = set()
         token_ids = keras.Input((None,), dtype="int32", name="token_ids")
         padding_mask = keras.Input((None,), dtype="int32", name="padding_mask")
         hidden = causal_lm.backbone(
@@ -155,6 +174,7 @@ class NextTokenScorer:
         check_token_ids(token_ids, self.causal_lm.backbone.vocabulary_size)
         count, length = token_ids.shape
         padded = -(-length // self.length_multiple) * self.length_multiple
+        self.shapes.add((self.batch_size, padded))
         outputs = [[], [], []]
         for start in range(0, count, self.batch_size):
             ids = np.zeros((self.batch_size, padded), "int32")

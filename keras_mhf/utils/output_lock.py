@@ -127,7 +127,7 @@ def _acquire(path, directory):
 
 
 @contextlib.contextmanager
-def output_lock(directory, purpose):
+def output_lock(directory, purpose, lock_name=LOCK_FILE):
     """Holds the exclusive lock of `directory` (created if needed) for the
     block.
 
@@ -140,6 +140,9 @@ def output_lock(directory, purpose):
         directory: the output directory.
         purpose: what the holder does, recorded for the error a second
             process gets (e.g. `"a pre-training run"`).
+        lock_name: the lock file's name in `directory`; another name locks
+            one output inside a shared directory (an evaluation's results
+            file).
 
     Raises:
         OutputLockedError: another process holds the lock; nothing was
@@ -155,7 +158,7 @@ def output_lock(directory, purpose):
     directory = os.fspath(directory)
     created = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, LOCK_FILE)
+    path = os.path.join(directory, lock_name)
     if fcntl is None:
         warnings.warn(
             f"This platform has no fcntl: {directory} is not locked against "

@@ -32,6 +32,11 @@ def show_progress(enabled=True):
     return previous
 
 
+def progress_enabled(enabled=None):
+    """`enabled`, or the `show_progress` setting when it is `None`."""
+    return _SHOW if enabled is None else bool(enabled)
+
+
 def _duration(seconds):
     seconds = int(seconds)
     return f"{seconds // 60}m{seconds % 60:02d}s"
@@ -60,7 +65,7 @@ class Progress:
 
     def __init__(self, label, total, unit, enabled=None, delay=2.0):
         self.label, self.total, self.unit = label, max(int(total), 1), unit
-        self.enabled = _SHOW if enabled is None else bool(enabled)
+        self.enabled = progress_enabled(enabled)
         self.delay = delay
         self.started = self.last = time.monotonic()
         self.done, self.shown = 0, False
