@@ -93,8 +93,11 @@ def write_task_files(directory):
         return paths
     os.makedirs(directory, exist_ok=True)
     rng = random.Random(0)
-    pool = []
+    pool, seen = [], set()
     for words in paragraphs():
+        if " ".join(words[:12]) in seen:
+            continue  # the books' shared front matter
+        seen.add(" ".join(words[:12]))
         pool.append(words)
         if len(pool) >= 4 * sum(SIZES.values()):
             break
