@@ -45,7 +45,7 @@ def test_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.large
-@pytest.mark.parametrize("inference", ["vocabulary", "quantization"])
+@pytest.mark.parametrize("inference", ["vocabulary", "quantization", "scoring"])
 def test_inference_benchmark_smoke(tmp_path, inference):
     out = tmp_path / f"{inference}.json"
     done = subprocess.run(
@@ -88,6 +88,13 @@ def test_inference_benchmark_smoke(tmp_path, inference):
             assert r["disagree_full_ms_per_token_b8"] > 0
             assert 0.0 <= r["disagree_candidates_fallback_rate_b1"] <= 1.0
         assert "Every step falls back" in report
+    elif inference == "scoring":
+        kinds = {(r["kind"], r["vocabulary_size"]) for r in results}
+        assert kinds == {("mhf_score", 512), ("standard_score", 512)}
+        for r in results:
+            assert r["score_tokens_per_s"] > 0
+            assert r["forward_flops_per_token"] > 0
+        assert "analytic FLOP ratio" in report
     else:
         by = {r["kind"]: r for r in results}
         assert set(by) == {

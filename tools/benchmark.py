@@ -11,6 +11,8 @@ analytic FLOPs per token, model-FLOPs utilisation and MHF/Standard ratios.
     python tools/benchmark.py --inference vocabulary --mhf-preset PRESET \
         --vocab 32768 1048576 4194304   # decode/score cost against V
     python tools/benchmark.py --inference quantization   # int8 vs float32
+    python tools/benchmark.py --inference scoring --mhf-preset PRESET \
+        --vocab 32768 131072 1048576   # score(loss) against Standard
 
 Every (backend, vocabulary, model) is measured in its own subprocess, so peak
 memory (peak RSS growth over the process after imports) is per model. Model
@@ -63,7 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--output", default="benchmark.json")
     p.add_argument(
         "--inference",
-        choices=["vocabulary", "fallback", "quantization"],
+        choices=["vocabulary", "fallback", "quantization", "scoring"],
         default=None,
         help="inference benchmarks: generation (KV cache, ms/token, batch 1 "
         "and 8) and loss scoring against the vocabulary size for a trained "
@@ -450,6 +452,8 @@ def main(argv=None):
             "tiny_h3b64",
             4,
         )
+    elif args.smoke and args.inference == "scoring":
+        args.vocab, args.mhf_architecture = [512], "tiny_h3b64"
     elif args.smoke and args.inference == "quantization":
         args.vocab, args.configs = [512], ["h3b64", "standard"]
         args.hidden_dim, args.num_layers, args.new_tokens = 64, 2, 4
@@ -469,6 +473,8 @@ def main(argv=None):
             report = vocabulary_report(results, args, stem + ".png")
         elif args.inference == "fallback":
             report = fallback_report(results, args)
+        elif args.inference == "scoring":
+            report = scoring_report(results)
         else:
             report = quantization_report(results, args)
         print("\n" + report)
@@ -628,6 +634,69 @@ def _all_fallback(args, vocabulary_size):
     return result
 
 
+def _scoring(args, kind, vocabulary_size):
+    """`score(..., scoring_mode="loss")` throughput of the MHF at
+    `vocabulary_size` (as `--inference vocabulary` builds it) or of Standard
+    on its trunk, with the analytic forward FLOPs per token of the model
+    (trunk and head; the MHF vocabulary scan's additions are not FLOPs of
+    a matmul and are left out, as the README's generation ratio does)."""
+    import keras
+
+    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models import standard_backbone
+
+    mhf = _mhf_for_vocabulary(args, vocabulary_size)
+    trunk = _trunk_of(mhf)
+    if kind == "standard_score":
+        keras.utils.set_random_seed(0)
+        model = StandardCausalLM(
+            standard_backbone(vocabulary_size, "tiny", **trunk), None
+        )
+        config = "standard"
+    else:
+        model = mhf
+        backbone = mhf.backbone
+        config = f"h{backbone.num_hashes}b{backbone.num_buckets}"
+    flop_trunk = dict(trunk)
+    return {
+        "config": config,
+        "score_tokens_per_s": benchmarking.scoring_tokens_per_s(
+            model, vocabulary_size
+        ),
+        "forward_flops_per_token": benchmarking.flops_per_token(
+            config, vocabulary_size, flop_trunk, 128, factor=2
+        ),
+    }
+
+
+def scoring_report(results):
+    """Markdown: MHF and Standard scoring throughput per V, their ratio and
+    the analytic FLOP ratio (Standard's forward FLOPs over MHF's)."""
+    lines = [
+        "| V | MHF score tok/s | Standard score tok/s | MHF / Standard | "
+        "analytic FLOP ratio | measured / analytic |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in sorted({r["vocabulary_size"] for r in results}):
+        m, s = _by(results, "mhf_score", v), _by(results, "standard_score", v)
+        if m is None or s is None:
+            continue
+        if "error" in s:
+            lines.append(
+                f"| {v:,} | {m['score_tokens_per_s']:,.0f} | {s['error']} "
+                "| — | — | — |"
+            )
+            continue
+        ratio = m["score_tokens_per_s"] / s["score_tokens_per_s"]
+        analytic = s["forward_flops_per_token"] / m["forward_flops_per_token"]
+        lines.append(
+            f"| {v:,} | {m['score_tokens_per_s']:,.0f} | "
+            f"{s['score_tokens_per_s']:,.0f} | {ratio:.2f} | "
+            f"{analytic:.2f} | {ratio / analytic:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def inference_worker(kind, vocabulary_size, args):
     """Measures one model of an inference benchmark; prints one JSON line."""
     import keras
@@ -636,7 +705,9 @@ def inference_worker(kind, vocabulary_size, args):
     from keras_mhf.models import standard_backbone
 
     result = {"kind": kind, "vocabulary_size": vocabulary_size}
-    if kind == "mhf_disagree":
+    if kind in ("mhf_score", "standard_score"):
+        result.update(_scoring(args, kind, vocabulary_size))
+    elif kind == "mhf_disagree":
         result.update(_all_fallback(args, vocabulary_size))
     elif kind in ("mhf", "mhf_random"):
         model = _mhf_for_vocabulary(args, vocabulary_size)
@@ -704,6 +775,12 @@ def run_inference(args):
         jobs.append(("mhf_random", min(args.vocab)))
     if args.inference in ("vocabulary", "fallback"):
         jobs += [("mhf_disagree", v) for v in args.vocab]
+    if args.inference == "scoring":
+        for vocabulary_size in args.vocab:
+            jobs += [
+                ("mhf_score", vocabulary_size),
+                ("standard_score", vocabulary_size),
+            ]
     if args.inference == "quantization":
         for config in args.configs:
             for mode in ["float32"] + list(args.quantize):
@@ -736,7 +813,7 @@ def run_inference(args):
             capture_output=True,
             text=True,
         )
-        if done.returncode != 0 and kind == "standard":
+        if done.returncode != 0 and kind in ("standard", "standard_score"):
             # The Standard baseline at the largest vocabularies may not fit
             # in memory (its embedding is V x d); the report says so.
             why = (

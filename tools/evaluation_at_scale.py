@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--interrupt-after",
         type=float,
-        default=300.0,
+        default=120.0,
         help="seconds before the first run is killed (0: not interrupted)",
     )
     p.add_argument(
@@ -146,7 +146,8 @@ def write_task_files(directory):
 
 def run_evaluation(command, timeout=None):
     """Runs `command`; `(seconds, peak RSS MB, return code, stdout,
-    stderr)`. Killed with SIGKILL after `timeout` seconds."""
+    stderr)`. Killed with SIGKILL after `timeout` seconds (return code
+    -9)."""
     start = time.perf_counter()
     process = subprocess.Popen(
         command,
@@ -202,6 +203,12 @@ def main(argv=None):
         )
         with open(output, encoding="utf-8") as f:
             recorded = sum('"index"' in line for line in f)
+        if code != -signal.SIGKILL:
+            raise RuntimeError(
+                f"The first run ended (status {code}) before "
+                f"--interrupt-after {args.interrupt_after:g} s: use a "
+                f"shorter one.\n{err[-3000:]}"
+            )
         parts.append(
             {
                 "part": "interrupted (SIGKILL)",
