@@ -344,3 +344,36 @@ def test_results_stream_and_an_interrupted_evaluation_resumes(
     output.write_text(output.read_text().replace('"task"', "task", 1))
     with pytest.raises(ValueError, match="corrupt"):
         EvaluationResults.open(str(output), {}).__enter__()
+
+
+def test_compiled_scorers_are_built_and_release_the_model(small_tokenizer):
+    """Every layer of the compiled scorers is built after a call (on JAX,
+    Keras calls an unbuilt model eagerly, op by op, before every
+    `predict_on_batch`), and the scorer cache does not keep a model alive."""
+    import gc
+    import weakref
+
+    import keras
+
+    from keras_mhf.calibration import raw_scores
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models.next_token_scorer import NextTokenScorer
+    from keras_mhf.models.next_token_scorer import target_losses
+
+    keras.utils.set_random_seed(0)
+    lm = MultiHashFormerCausalLM.from_tokenizer(
+        small_tokenizer, "tiny_h3b64", sequence_length=16
+    )
+    ids = np.array([[1, 5, 9, 12, 7]], "int32")
+    evaluation.next_token_scores(lm, ids)
+    target_losses(lm, ids, np.ones_like(ids), ids)
+    raw_scores(lm, ids)
+    scorers = NextTokenScorer._cache[lm]
+    models = [scorers[8].model, scorers["loss"], scorers["raw_scores"]]
+    for model in models:
+        unbuilt = [x.name for x in model._flatten_layers() if not x.built]
+        assert unbuilt == []
+    alive = weakref.ref(lm)
+    del lm, scorers, models
+    gc.collect()
+    assert alive() is None

@@ -138,7 +138,8 @@ class NextTokenScorer:
     _cache = weakref.WeakKeyDictionary()
 
     def __init__(self, causal_lm, batch_size=8, length_multiple=64):
-        self.causal_lm = causal_lm
+        # Weak: the scorer lives in a cache keyed by the model.
+        self._causal_lm = weakref.ref(causal_lm)
         self.batch_size = int(batch_size)
         self.length_multiple = int(length_multiple)
         # Input shapes called so far: one compiled program each.
@@ -150,6 +151,10 @@ class NextTokenScorer:
         )
         outputs = _NextTokenHead(causal_lm)(hidden, token_ids)
         self.model = keras.Model([token_ids, padding_mask], outputs)
+
+    @property
+    def causal_lm(self):
+        return self._causal_lm()
 
     @classmethod
     def for_model(cls, causal_lm, batch_size=8):
