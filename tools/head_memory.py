@@ -1,14 +1,18 @@
 """Peak training memory of the fused cascade head vs the unchunked one.
 
-Each configuration runs in a fresh process: a random `mini` trunk with
-H = 4, B = 16,384 on a synthetic 32K vocabulary (`from_tokens`), sequence
-1024, and `train_on_batch` twice; reported are the peak RSS growth over the
-process after the model is built (`ru_maxrss`), and the second step's time.
-The Standard baseline (KerasHub Qwen3, the same trunk and V) gives the
-ratio.
+Each configuration runs in a fresh process: a random trunk (`--trunk`,
+`mini` by default; `100m` is the paper's 12 x 768, 12/2 heads, MLP 2560)
+with H = 4, B = 16,384 (`fused`, `unchunked`) or H = 3, B = 10,624
+(`fused_h3`) on a synthetic vocabulary (`from_tokens`), sequence 1024, and
+`train_on_batch` twice; reported are the peak RSS growth over the process
+after the model is built (`ru_maxrss`), and the second step's time. The
+Standard baseline (KerasHub Qwen3, the same trunk and V) gives the ratio; a
+configuration killed for memory is reported as failed.
 
     python tools/head_memory.py                      # jax, writes nothing
     python tools/head_memory.py --out tools/results/head_memory_jax.md
+    python tools/head_memory.py --trunk 100m --tokens 8192 --vocab 32768 \
+        --modes fused fused_h3 standard --out tools/results/head_memory_100m.md
 """
 
 import argparse
@@ -22,9 +26,11 @@ import time
 import numpy as np
 
 MODES = ("fused", "unchunked", "standard")
+# Mode -> the MHF hash configuration it builds on the trunk.
+HASHES = {"fused": "h4b16k", "unchunked": "h4b16k", "fused_h3": "h3b10k"}
 
 
-def worker(mode, tokens_per_step, sequence_length, vocabulary_size):
+def worker(mode, tokens_per_step, sequence_length, vocabulary_size, trunk):
     import keras
 
     from keras_mhf import benchmarking
@@ -35,14 +41,14 @@ def worker(mode, tokens_per_step, sequence_length, vocabulary_size):
     keras.utils.set_random_seed(0)
     if mode == "standard":
         model = StandardCausalLM(
-            standard_backbone(vocabulary_size, "mini"), None
+            standard_backbone(vocabulary_size, trunk), None
         )
     else:
         model = MultiHashFormerCausalLM.from_tokens(
             benchmarking.synthetic_tokens(vocabulary_size),
-            "mini_h4b16k",
+            f"{trunk}_{HASHES[mode]}",
             pad_token_id=2,
-            head_block_size=None if mode == "fused" else 0,
+            head_block_size=0 if mode == "unchunked" else None,
         )
     model.compile(optimizer=keras.optimizers.AdamW(1e-4))
     batch = tokens_per_step // sequence_length
@@ -76,13 +82,18 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
     p.add_argument("--sequence-length", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=32768)
-    p.add_argument("--modes", nargs="+", default=list(MODES))
+    p.add_argument(
+        "--modes", nargs="+", default=list(MODES), choices=[*HASHES, "standard"]
+    )
+    p.add_argument("--trunk", default="mini")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         mode, tokens = args.worker.split(":")
-        return worker(mode, int(tokens), args.sequence_length, args.vocab)
+        return worker(
+            mode, int(tokens), args.sequence_length, args.vocab, args.trunk
+        )
     rows = []
     for tokens in args.tokens:
         for mode in args.modes:
@@ -95,6 +106,8 @@ def main(argv=None):
                 str(args.sequence_length),
                 "--vocab",
                 str(args.vocab),
+                "--trunk",
+                args.trunk,
             ]
             done = subprocess.run(command, capture_output=True, text=True)
             lines = [
@@ -104,15 +117,19 @@ def main(argv=None):
             ]
             if not lines:
                 print(done.stderr[-3000:], file=sys.stderr)
-                rows.append(dict(mode=mode, tokens=tokens, failed=True))
-                continue
-            rows.append(json.loads(lines[-1][len("RESULT ") :]))
+                why = (
+                    "killed (out of memory)"
+                    if done.returncode in (-9, 137)
+                    else f"exit status {done.returncode}"
+                )
+                rows.append(dict(mode=mode, tokens=tokens, failed=why))
+            else:
+                rows.append(json.loads(lines[-1][len("RESULT ") :]))
             print(rows[-1], flush=True)
-    table = format_table(rows, args)
-    print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+            if args.out:  # after every row: a long run keeps what it has
+                with open(args.out, "w") as f:
+                    f.write(format_table(rows, args))
+    print(format_table(rows, args))
 
 
 def format_table(rows, args):
@@ -122,7 +139,8 @@ def format_table(rows, args):
     lines = [
         f"# Training memory of the cascade head ({keras.config.backend()})",
         "",
-        "`python tools/head_memory.py`: mini trunk, H4 B16384, "
+        f"`python tools/head_memory.py`: {args.trunk} trunk, H4 B16384 "
+        "(fused_h3: H3 B10624), "
         f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, "
         "AdamW, two `train_on_batch` steps in a fresh process per row; peak "
         "RSS growth after the model is built, and the second step's time "
@@ -133,7 +151,9 @@ def format_table(rows, args):
     ]
     for r in rows:
         if r.get("failed"):
-            lines.append(f"| {r['mode']} | {r['tokens']} | failed | | | |")
+            lines.append(
+                f"| {r['mode']} | {r['tokens']} | {r['failed']} | | | |"
+            )
             continue
         std = standard.get(r["tokens"])
         ratio = (
