@@ -18,6 +18,7 @@ configuration killed for memory is reported as failed.
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -117,11 +118,18 @@ def main(argv=None):
             ]
             if not lines:
                 print(done.stderr[-3000:], file=sys.stderr)
-                why = (
-                    "killed (out of memory)"
-                    if done.returncode in (-9, 137)
-                    else f"exit status {done.returncode}"
+                asked = re.search(
+                    r"Out of memory allocating (\d+) bytes", done.stderr
                 )
+                if asked:  # XLA sized the step's buffers and could not
+                    why = (
+                        "out of memory: the compiled step asks for "
+                        f"{int(asked.group(1)) / 2**20:,.0f} MiB"
+                    )
+                elif done.returncode in (-9, 137):
+                    why = "killed (out of memory)"
+                else:
+                    why = f"exit status {done.returncode}"
                 rows.append(dict(mode=mode, tokens=tokens, failed=why))
             else:
                 rows.append(json.loads(lines[-1][len("RESULT ") :]))
