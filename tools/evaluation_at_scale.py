@@ -163,7 +163,8 @@ def run_evaluation(command, timeout=None):
         out, err = process.communicate()
     seconds = time.perf_counter() - start
     # The process has been reaped by communicate(); its usage is in
-    # RUSAGE_CHILDREN (the maximum over the children waited for so far).
+    # RUSAGE_CHILDREN: the largest peak among the children waited for so
+    # far, so a resumed part reports the larger of both runs.
     import resource
 
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
@@ -243,7 +244,7 @@ def main(argv=None):
     lines = [
         f"Evaluation at scale: {args.preset}, batch {args.batch_size}",
         "",
-        "| part | wall s | peak RSS MB | examples recorded |",
+        "| part | wall s | peak RSS MB (largest process so far) | examples recorded |",
         "|---|---|---|---|",
     ]
     for p in parts:
