@@ -43,8 +43,9 @@ CANDIDATE_BUDGET = 4096
 CANDIDATE_MIN_VOCABULARY = 2**18
 MIN_CANDIDATE_BUCKETS, MAX_CANDIDATE_BUCKETS = 4, 64
 DECODINGS = ("candidates", "full")
-# Scores held at a time by the vocabulary scan (4 MB of float32: 8-10%
-# faster than 16 MB on JAX and TensorFlow, 20% on PyTorch, 2 cores).
+# Scores held at a time by the vocabulary scan (4 MB of float32; against
+# 16 MB, 1,016 positions, V = 32K, 2 cores under load: 8-9% faster on JAX,
+# 1-4% on TensorFlow, 17-24% on PyTorch).
 SCAN_SCORES = 1 << 20
 
 
