@@ -8,7 +8,8 @@ The file, one JSON object per line:
 - a header: `{"format": "keras_mhf.evaluation_results", "format_version": 1,
   "settings": {...}}`: what was evaluated (the preset's weights sha256, the
   settings that change the numbers). A rerun with other settings is refused.
-- per task and file, when the task starts: `{"task", "file", "sha256"}`. A rerun whose task file changed since is refused.
+- per task and file, when the task starts: `{"task", "file", "sha256"}`. A
+  rerun whose task file changed since is refused.
 - per example (perplexity: per block), as soon as it is scored:
   `{"task", "file", "index", ...}`.
 - per task and file, when it ends: `{"task", "file", "metrics"}`. A rerun

@@ -306,11 +306,10 @@ def test_results_stream_and_an_interrupted_evaluation_resumes(
     lines = [json.loads(line) for line in output.read_text().splitlines()]
     assert lines[0]["format"] == "keras_mhf.evaluation_results"
     examples = [line for line in lines if "index" in line]
-    assert sorted(
-        (e["task"], e["index"]) for e in examples
-    ) == sorted([("lambada", i) for i in range(5)] + [
-        ("multiple_choice", i) for i in range(3)
-    ])
+    assert sorted((e["task"], e["index"]) for e in examples) == sorted(
+        [("lambada", i) for i in range(5)]
+        + [("multiple_choice", i) for i in range(3)]
+    )
     # Cut after two lambada examples, in the middle of the third line.
     text = output.read_text().splitlines(keepends=True)
     keep = 1 + 1 + 2  # header, task line, two examples

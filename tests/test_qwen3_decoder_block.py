@@ -119,3 +119,64 @@ class Qwen3DecoderBlockTest(TestCase):
             ops.convert_to_numpy(stock(x)),
             atol=0,
         )
+
+    def test_rematerialize_is_in_the_config_and_refuses_dropout(self):
+        block = Qwen3DecoderBlock(**self.init_kwargs, rematerialize=True)
+        config = block.get_config()
+        self.assertTrue(config["rematerialize"])
+        self.assertTrue(Qwen3DecoderBlock.from_config(config).rematerialize)
+        with self.assertRaisesRegex(ValueError, "needs dropout=0"):
+            Qwen3DecoderBlock(
+                **self.init_kwargs, rematerialize=True, dropout=0.1
+            )
+
+
+def _train(model, rematerialize):
+    """Two compiled SGD steps; the losses and the final weights."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 64, (4, 9)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((4, 8), "int32")}
+    x["padding_mask"][1, 6:] = 0
+    model.compile(optimizer=keras.optimizers.SGD(0.5))
+    history = model.fit(x, ids[:, 1:], batch_size=4, epochs=2, verbose=0)
+    assert all(
+        block.rematerialize is rematerialize
+        for block in model.backbone.transformer_layers
+    )
+    return history.history["loss"], [
+        ops.convert_to_numpy(w) for w in model.weights
+    ]
+
+
+def test_rematerialized_trunks_train_the_same():
+    """`rematerialize=True` (both backbones) recomputes the blocks in the
+    backward pass of the compiled train step: the same losses and weights
+    after two steps (MHF with its fused head, whose blocks are
+    rematerialised too, and Standard)."""
+    import keras
+
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models import standard_backbone
+
+    tokens = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
+    builders = {
+        "mhf": lambda remat: MultiHashFormerCausalLM.from_tokens(
+            tokens, "tiny_h3b64", pad_token_id=0, rematerialize=remat
+        ),
+        "standard": lambda remat: StandardCausalLM(
+            standard_backbone(64, "tiny", rematerialize=remat), None
+        ),
+    }
+    for name, make in builders.items():
+        results = []
+        for remat in (False, True):
+            keras.utils.set_random_seed(0)
+            results.append(_train(make(remat), remat))
+        (ref_losses, ref_weights), (losses, weights) = results
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, err_msg=name)
+        scale = max(np.abs(w).max() for w in ref_weights)
+        for w, ref in zip(weights, ref_weights):
+            np.testing.assert_allclose(w, ref, atol=1e-6 * scale, err_msg=name)

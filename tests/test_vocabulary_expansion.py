@@ -210,8 +210,9 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
     assert done.returncode == 0, done.stderr[-3000:]
     again = json.loads((tmp_path / "again" / "report.json").read_text())
     for name in ("mhf", "std"):
-        assert again["summary"][name]["languages"] == (
-            report["summary"][name]["languages"]
+        assert (
+            again["summary"][name]["languages"]
+            == (report["summary"][name]["languages"])
         )
     # The base MHF is also scored with the temperature its preset ships.
     assert again["summary"]["mhf"]["shipped_temperature"] == 1.0

@@ -31,7 +31,9 @@ MODES = ("fused", "unchunked", "standard")
 HASHES = {"fused": "h4b16k", "unchunked": "h4b16k", "fused_h3": "h3b10k"}
 
 
-def worker(mode, tokens_per_step, sequence_length, vocabulary_size, trunk):
+def worker(
+    mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat
+):
     import keras
 
     from keras_mhf import benchmarking
@@ -42,7 +44,8 @@ def worker(mode, tokens_per_step, sequence_length, vocabulary_size, trunk):
     keras.utils.set_random_seed(0)
     if mode == "standard":
         model = StandardCausalLM(
-            standard_backbone(vocabulary_size, trunk), None
+            standard_backbone(vocabulary_size, trunk, rematerialize=remat),
+            None,
         )
     else:
         model = MultiHashFormerCausalLM.from_tokens(
@@ -50,6 +53,7 @@ def worker(mode, tokens_per_step, sequence_length, vocabulary_size, trunk):
             f"{trunk}_{HASHES[mode]}",
             pad_token_id=2,
             head_block_size=0 if mode == "unchunked" else None,
+            rematerialize=remat,
         )
     model.compile(optimizer=keras.optimizers.AdamW(1e-4))
     batch = tokens_per_step // sequence_length
@@ -78,6 +82,24 @@ def worker(mode, tokens_per_step, sequence_length, vocabulary_size, trunk):
     print("RESULT " + json.dumps(result), flush=True)
 
 
+# XLA's CPU scheduler that runs independent ops concurrently ignores memory
+# (see `qwen3_decoder_block.XLA_CPU_MEMORY_SCHEDULER`); it also keeps more
+# buffers live: the 100M step without remat asks for 24.3 GB of temporaries
+# under it, 12.2 GB without.
+
+
+def worker_env():
+    """The workers' environment: on JAX, XLA's CPU scheduler that minimises
+    memory (`XLA_CPU_MEMORY_SCHEDULER`, added to any `XLA_FLAGS`)."""
+    from keras_mhf.models.qwen3_decoder_block import XLA_CPU_MEMORY_SCHEDULER
+
+    env = dict(os.environ)
+    flags = env.get("XLA_FLAGS", "")
+    if XLA_CPU_MEMORY_SCHEDULER.split("=")[0] not in flags:
+        env["XLA_FLAGS"] = f"{flags} {XLA_CPU_MEMORY_SCHEDULER}".strip()
+    return env
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
@@ -87,13 +109,23 @@ def main(argv=None):
         "--modes", nargs="+", default=list(MODES), choices=[*HASHES, "standard"]
     )
     p.add_argument("--trunk", default="mini")
+    p.add_argument(
+        "--rematerialize",
+        action="store_true",
+        help="recompute the trunk's blocks in the backward pass (every model)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         mode, tokens = args.worker.split(":")
         return worker(
-            mode, int(tokens), args.sequence_length, args.vocab, args.trunk
+            mode,
+            int(tokens),
+            args.sequence_length,
+            args.vocab,
+            args.trunk,
+            args.rematerialize,
         )
     rows = []
     for tokens in args.tokens:
@@ -109,8 +141,11 @@ def main(argv=None):
                 str(args.vocab),
                 "--trunk",
                 args.trunk,
+                *(["--rematerialize"] if args.rematerialize else []),
             ]
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=worker_env()
+            )
             lines = [
                 line
                 for line in done.stdout.splitlines()
@@ -143,16 +178,24 @@ def main(argv=None):
 def format_table(rows, args):
     import keras
 
+    from keras_mhf.models.qwen3_decoder_block import XLA_CPU_MEMORY_SCHEDULER
+
     standard = {r["tokens"]: r for r in rows if r["mode"] == "standard"}
     lines = [
         f"# Training memory of the cascade head ({keras.config.backend()})",
         "",
-        f"`python tools/head_memory.py`: {args.trunk} trunk, H4 B16384 "
+        f"`python tools/head_memory.py`: {args.trunk} trunk"
+        f"{' (blocks rematerialised)' if args.rematerialize else ''}, H4 B16384 "
         "(fused_h3: H3 B10624), "
         f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, "
         "AdamW, two `train_on_batch` steps in a fresh process per row; peak "
         "RSS growth after the model is built, and the second step's time "
-        "(CPU, 2 shared cores: times are indicative).",
+        "(CPU, 2 shared cores: times are indicative)"
+        + (
+            f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`."
+            if keras.config.backend() == "jax"
+            else "."
+        ),
         "",
         "| head | tokens/step | peak MiB | / Standard | step s | loss |",
         "|---|---|---|---|---|---|",

@@ -25,11 +25,14 @@ process behave exactly as without `keras_mhf`):
 """
 
 import functools
+import os
+import warnings
 
 import keras
 
 from keras_mhf.utils.keras_private import Qwen3LayerNorm
 from keras_mhf.utils.keras_private import Qwen3TransformerDecoder
+from keras_mhf.utils.keras_utils import rematerialized
 
 # The constructor arguments of the Qwen3 trunk, in the order the backbones'
 # `get_config` lists them: its weight dimensions, then its options.
@@ -46,6 +49,7 @@ TRUNK_OPTIONS = (
     "rope_scaling_factor",
     "layer_norm_epsilon",
     "dropout",
+    "rematerialize",
 )
 TRUNK_ARGUMENTS = TRUNK_DIMENSIONS + TRUNK_OPTIONS
 # ... and those of them each block takes.
@@ -58,6 +62,7 @@ _BLOCK_ARGUMENTS = (
     "rope_scaling_factor",
     "layer_norm_epsilon",
     "dropout",
+    "rematerialize",
 )
 
 
@@ -85,6 +90,13 @@ class Qwen3DecoderBlock(Qwen3TransformerDecoder):
             N(0, 0.02).
         dropout: float. Defaults to 0.
         sliding_window_size: int or `None` (full attention, as the paper).
+        rematerialize: bool. If True, a training call keeps only the block's
+            input for the backward pass and recomputes the block's
+            activations there (gradient checkpointing, `keras.remat`): the
+            trunk's activation memory becomes one block's instead of every
+            block's, for about one more forward pass of compute. The same
+            numbers; refused with `dropout > 0` (the recomputed pass must
+            draw the same mask). Defaults to False.
         **kwargs: standard `keras.layers.Layer` arguments.
 
     Example:
@@ -111,8 +123,19 @@ class Qwen3DecoderBlock(Qwen3TransformerDecoder):
         kernel_initializer=None,
         dropout=0.0,
         sliding_window_size=None,
+        rematerialize=False,
         **kwargs,
     ):
+        if rematerialize and dropout:
+            raise ValueError(
+                f"Qwen3DecoderBlock: rematerialize=True needs dropout=0 (got "
+                f"dropout={dropout}): the backward pass recomputes the block "
+                "and must see the same dropout mask. Train with dropout=0 or "
+                "rematerialize=False."
+            )
+        self.rematerialize = bool(rematerialize)
+        if self.rematerialize:
+            _warn_if_xla_cpu_schedules_for_concurrency()
         if kernel_initializer is None:
             kernel_initializer = keras.initializers.RandomNormal(stddev=0.02)
         super().__init__(
@@ -141,15 +164,69 @@ class Qwen3DecoderBlock(Qwen3TransformerDecoder):
                 _masked_softmax, attention
             )
 
+    def call(
+        self,
+        decoder_sequence,
+        decoder_padding_mask=None,
+        decoder_attention_mask=None,
+        self_attention_cache=None,
+        self_attention_cache_update_index=None,
+        training=None,
+    ):
+        arguments = dict(
+            decoder_padding_mask=decoder_padding_mask,
+            decoder_attention_mask=decoder_attention_mask,
+            self_attention_cache=self_attention_cache,
+            self_attention_cache_update_index=self_attention_cache_update_index,
+            training=training,
+        )
+        if not (
+            self.rematerialize and training and self_attention_cache is None
+        ):
+            return super().call(decoder_sequence, **arguments)
+
+        def block(sequence):
+            return super(Qwen3DecoderBlock, self).call(sequence, **arguments)
+
+        return rematerialized(self.variables, block)(decoder_sequence)
+
     def get_config(self):
         config = super().get_config()
         config.update(
             {
                 "head_dim": self.head_dim,
                 "sliding_window_size": self.sliding_window_size,
+                "rematerialize": self.rematerialize,
             }
         )
         return config
+
+
+# XLA's CPU scheduler that runs independent ops concurrently (the default)
+# ignores memory: it moves the backward pass's recomputation of every
+# rematerialised block to its start, so `keras.remat` saves nothing there.
+XLA_CPU_MEMORY_SCHEDULER = (
+    "--xla_cpu_enable_concurrency_optimized_scheduler=false"
+)
+
+
+def _warn_if_xla_cpu_schedules_for_concurrency():
+    if keras.config.backend() != "jax":
+        return
+    import jax
+
+    flag = XLA_CPU_MEMORY_SCHEDULER.split("=")[0]
+    if jax.default_backend() == "cpu" and flag not in os.environ.get(
+        "XLA_FLAGS", ""
+    ):
+        warnings.warn(
+            "rematerialize=True on JAX's CPU backend saves no memory under "
+            "XLA's default CPU scheduler, which recomputes every block at "
+            "the start of the backward pass. Start the process with "
+            f"XLA_FLAGS={XLA_CPU_MEMORY_SCHEDULER} (accelerators need "
+            "nothing).",
+            stacklevel=3,
+        )
 
 
 def _masked_softmax(attention, attention_scores, attention_mask=None):

@@ -213,6 +213,40 @@ def tensorflow_executing_eagerly():
     return tf.executing_eagerly()
 
 
+def rematerialized(variables, function):
+    """`function(*tensors)` under `keras.remat` (gradient checkpointing):
+    the backward pass recomputes its intermediates instead of keeping them.
+
+    The `variables` `function` reads (a layer's weights) enter the
+    rematerialised call as arguments and are mapped back by a
+    `keras.StatelessScope`: TensorFlow's `recompute_grad` cannot capture
+    variables inside a while loop, and JAX's and TensorFlow's remat take
+    tensors only (Keras' `RematScope` would pass a layer's `training=` and
+    `None` arguments through them and fail). `function` must not update
+    variables (no dropout, no seed state). In eager TensorFlow (a
+    `GradientTape` outside `tf.function`, e.g. `run_eagerly=True`)
+    `recompute_grad` would count the variables' gradient twice (through
+    the arguments and as variables it saw read): there `function` runs
+    plain, which is exact.
+
+    Returns:
+        A function of the same tensors as `function`, reading the
+        variables' values as they are now (call it where `function` would be
+        called, e.g. inside a layer's `call`).
+    """
+    if tensorflow_executing_eagerly():
+        return function
+    variables = list(variables)
+
+    @keras.remat
+    def call(values, *tensors):
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return function(*tensors)
+
+    values = [keras.ops.convert_to_tensor(v) for v in variables]
+    return lambda *tensors: call(values, *tensors)
+
+
 def dense_layout(x):
     """`x` stored densely in its own axis order. PyTorch's `transpose` is a
     strided view, so gathering rows of a transposed tensor reads memory with

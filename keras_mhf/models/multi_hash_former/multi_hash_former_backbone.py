@@ -64,6 +64,11 @@ class MultiHashFormerBackbone(Backbone):
         layer_norm_epsilon: float, every RMSNorm (q/k norms included).
             Defaults to 1e-6.
         dropout: float. Defaults to 0.
+        rematerialize: bool, recompute each decoder block's activations in
+            the backward pass instead of keeping them (gradient
+            checkpointing; see `Qwen3DecoderBlock`): trains larger batches
+            in the same memory for about a third more compute. The same
+            numbers. Defaults to False.
         pad_token_id: int or `None`, the token with the all-zero signature.
         signature_rule: `"unique"` or `"reference"`, the rule the table was
             built with (used to expand it and to check tokenizers).
@@ -115,6 +120,7 @@ class MultiHashFormerBackbone(Backbone):
         rope_scaling_factor=1.0,
         layer_norm_epsilon=1e-6,
         dropout=0.0,
+        rematerialize=False,
         pad_token_id=None,
         signature_rule="unique",
         tokenization_fingerprint=None,

@@ -13,26 +13,14 @@ the weighted sum of per-position losses over the sum of weights (over the
 number of positions when there is no weight).
 """
 
-import keras
 from keras import ops
 
 from keras_mhf.losses.signature_cross_entropy import signature_cross_entropy
-from keras_mhf.utils.keras_utils import tensorflow_executing_eagerly
+from keras_mhf.utils.keras_utils import rematerialized
 
 # Automatic block: about 2^24 float logits per block (64 MiB in float32 for
 # all H heads), e.g. 256 positions at H = 4, B = 16,384.
 BLOCK_LOGITS = 2**24
-
-
-def _remat(function):
-    """`keras.remat(function)`, except in eager TensorFlow (`run_eagerly`,
-    a `GradientTape` outside `tf.function`), where `tf.recompute_grad`
-    counts the gradient of the decoder's variables twice (once through the
-    arguments, once as variables it saw read); there the block runs plain,
-    which is exact and holds one block's residuals per block."""
-    if tensorflow_executing_eagerly():
-        return function
-    return keras.remat(function)
 
 
 def automatic_block_size(num_hashes, num_buckets):
@@ -104,12 +92,6 @@ def fused_signature_loss(
     targets = ops.pad(targets, [[0, padding], [0, 0]])
     padded_weights = ops.pad(weights, [[0, padding]])
 
-    # The decoder's variables (mixers and the tied tables) enter the
-    # rematerialised function as arguments, mapped back by a StatelessScope:
-    # TF's `recompute_grad` cannot capture variables inside a while loop.
-    variables = decoder.variables
-    values = [ops.convert_to_tensor(v) for v in variables]
-
     blocked = (
         ops.reshape(states, (blocks, size, dim)),
         ops.reshape(targets, (blocks, size, num_hashes)),
@@ -122,15 +104,14 @@ def fused_signature_loss(
             ops.take(x, index, axis=0) for x in blocked
         ]
 
-        @_remat
-        def block_loss(values, block_states):
-            mapping = list(zip(variables, values))
-            with keras.StatelessScope(state_mapping=mapping):
-                logits = ops.stack(decoder.head_logits(block_states), axis=-2)
+        def block_loss(block_states):
+            logits = ops.stack(decoder.head_logits(block_states), axis=-2)
             per_position = signature_cross_entropy(block_targets, logits)
             return ops.sum(per_position * block_weights)
 
-        loss = block_loss(values, block_states)
+        # The decoder's variables (mixers and the tied tables) enter the
+        # rematerialised function as arguments (`rematerialized`).
+        loss = rematerialized(decoder.variables, block_loss)(block_states)
         return total + loss, loss
 
     total, _ = ops.scan(
