@@ -45,6 +45,39 @@ def test_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.large
+def test_paper_shape_benchmark_smoke(tmp_path):
+    """`--paper-shape` (tiny trunk under `--smoke`): a fresh process per
+    model, the rematerialised trunk, a ratio against Standard."""
+    backend = keras.config.backend()
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "benchmark.py"),
+            "--paper-shape",
+            "--smoke",
+            "--backends",
+            backend,
+            "--vocab",
+            "512",
+            "--output",
+            str(tmp_path / "paper.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = (tmp_path / f"paper_{backend}_v512.md").read_text()
+    assert "(blocks rematerialised)" in report
+    rows = [line for line in report.splitlines() if line.startswith("| ")]
+    assert [row.split(" | ")[0] for row in rows[1:]] == [
+        "| fused",
+        "| standard",
+    ]
+    assert all(row.split(" | ")[2].isdigit() for row in rows[1:])
+
+
+@pytest.mark.large
 @pytest.mark.parametrize("inference", ["vocabulary", "quantization", "scoring"])
 def test_inference_benchmark_smoke(tmp_path, inference):
     out = tmp_path / f"{inference}.json"

@@ -13,6 +13,8 @@ analytic FLOPs per token, model-FLOPs utilisation and MHF/Standard ratios.
     python tools/benchmark.py --inference quantization   # int8 vs float32
     python tools/benchmark.py --inference scoring --mhf-preset PRESET \
         --vocab 32768 131072 1048576   # score(loss) against Standard
+    python tools/benchmark.py --paper-shape --backends jax tensorflow torch \
+        --vocab 32768 262144   # training memory at the paper's 100M shape
 
 Every (backend, vocabulary, model) is measured in its own subprocess, so peak
 memory (peak RSS growth over the process after imports) is per model. Model
@@ -93,6 +95,16 @@ def parse_args(argv=None):
         default=["int8"],
         help="--inference quantization: modes compared with float32",
     )
+    p.add_argument(
+        "--paper-shape",
+        action="store_true",
+        help="training at the paper's 100M trunk (12 x 768, 12/2 heads, MLP "
+        "2560), sequence 1024, --paper-tokens tokens per step, blocks "
+        "rematerialised: peak memory and step time of MHF H4B16384 and "
+        "H3B10624 (fused head) against Standard, a fresh process per model "
+        "(tools/head_memory.py); writes OUTPUT_<backend>_v<V>.md",
+    )
+    p.add_argument("--paper-tokens", nargs="+", type=int, default=[8192])
     p.add_argument("--inference-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument(
         "--smoke", action="store_true", help="tiny sizes: checks the tool runs"
@@ -441,6 +453,45 @@ def compare(before_path, after_path):
     return "\n".join(lines)
 
 
+def run_paper_shape(args):
+    """`--paper-shape`: `tools/head_memory.py` per backend and vocabulary
+    (`--smoke`: the tiny trunk, 64 tokens per step, sequence 32)."""
+    stem = os.path.splitext(args.output)[0]
+    trunk, tokens, sequence, modes = (
+        ("tiny", [64], 32, ["fused", "standard"])
+        if args.smoke
+        else (
+            "100m",
+            args.paper_tokens,
+            1024,
+            ["fused", "fused_h3", "standard"],
+        )
+    )
+    for backend in args.backends:
+        for vocabulary_size in args.vocab:
+            out = f"{stem}_{backend}_v{vocabulary_size}.md"
+            command = [
+                sys.executable,
+                os.path.join(os.path.dirname(__file__), "head_memory.py"),
+                "--trunk",
+                trunk,
+                "--rematerialize",
+                "--sequence-length",
+                str(sequence),
+                "--tokens",
+                *map(str, tokens),
+                "--vocab",
+                str(vocabulary_size),
+                "--modes",
+                *modes,
+                "--out",
+                out,
+            ]
+            env = dict(os.environ, KERAS_BACKEND=backend)
+            subprocess.run(command, env=env, check=True)
+            print(f"Wrote {out}.")
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.compare:
@@ -461,6 +512,9 @@ def main(argv=None):
         args.vocab, args.configs = [512], ["standard", "h3b64"]
         args.hidden_dim, args.num_layers, args.sequence_length = 64, 2, 16
         args.batch_size, args.steps, args.new_tokens = 2, 2, 4
+    if args.paper_shape:
+        run_paper_shape(args)
+        return
     if args.inference_worker:
         _, kind, vocabulary_size = args.inference_worker
         inference_worker(kind, int(vocabulary_size), args)

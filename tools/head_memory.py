@@ -209,7 +209,7 @@ def format_table(rows, args):
         std = standard.get(r["tokens"])
         ratio = (
             f"{r['peak_mib'] / std['peak_mib']:.2f}"
-            if std and not std.get("failed")
+            if std and not std.get("failed") and std["peak_mib"] > 0
             else ""
         )
         lines.append(
