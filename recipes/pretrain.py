@@ -159,6 +159,14 @@ def build_parser():
     p.add_argument(
         "--mixed-precision", action="store_true", help="train in mixed_bfloat16"
     )
+    p.add_argument(
+        "--rematerialize",
+        action="store_true",
+        help="recompute each decoder block in the backward pass (gradient "
+        "checkpointing): larger batches in the same memory, the same "
+        "numbers; on JAX's CPU backend start with XLA_FLAGS="
+        "--xla_cpu_enable_concurrency_optimized_scheduler=false",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--distribution",
@@ -322,6 +330,7 @@ def main(argv=None):
             checkpoint_every=args.checkpoint_every,
             workers=args.workers,
             mixed_precision=args.mixed_precision,
+            rematerialize=args.rematerialize,
             seed=args.seed,
             distribution=args.distribution,
             mesh=args.mesh,

@@ -224,6 +224,9 @@ def test_config_and_old_configs():
     keras.config.backend() != "jax", reason="the recipe check runs on JAX"
 )
 def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
+    """The recipe's log.csv with the fused head, and with the fused head and
+    `--rematerialize` (blocks recomputed in the backward pass), equals the
+    unchunked head's for 20 steps."""
     from tests.pretraining_helpers import RUN
     from tests.pretraining_helpers import prepared_corpus
     from tests.pretraining_helpers import run_flags
@@ -232,10 +235,10 @@ def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
     corpus, _ = prepared_corpus(str(tmp_path / "corpus"))
     settings = dict(RUN, steps=20, checkpoint_every=1, validation_blocks=4)
 
-    def log_of(name):
+    def log_of(name, *flags):
         output = tmp_path / name
         status, _, err = recipe_main(
-            ["--data", corpus, "--output", output, "--no-calibrate"]
+            ["--data", corpus, "--output", output, "--no-calibrate", *flags]
             + run_flags(settings),
             capsys,
         )
@@ -244,10 +247,11 @@ def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
             return list(csv.DictReader(f))
 
     fused = log_of("fused")
+    rematerialized = log_of("rematerialized", "--rematerialize")
     monkeypatch.setattr(fused_loss, "uses_fused_head", lambda task: False)
     unchunked = log_of("unchunked")
-    assert len(fused) == len(unchunked) >= 20
-    for row, ref in zip(fused, unchunked):
+    assert len(fused) == len(rematerialized) == len(unchunked) >= 20
+    for row, ref in [*zip(fused, unchunked), *zip(rematerialized, unchunked)]:
         assert row.keys() == ref.keys()
         for key in row:
             if key == "seconds":

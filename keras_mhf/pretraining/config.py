@@ -61,6 +61,10 @@ class RunConfig:
     (steps per chunk: validation, log line and checkpoint after each),
     `workers` (tokenizer processes when preparing raw text; default
     every core), `mixed_precision` (`mixed_bfloat16` for this run),
+    `rematerialize` (a new model's blocks are recomputed in the backward
+    pass, `MultiHashFormerBackbone(rematerialize=True)`: larger batches in
+    the same memory, the same numbers; it is not part of what a resumed
+    run must match),
     `seed` (seeds the weights and the training windows), `distribution`
     (`None`, `"data"` or `"model"`: all devices with
     `keras.distribution`, JAX only; other backends are refused),
@@ -101,6 +105,7 @@ class RunConfig:
     checkpoint_every: int = 50
     workers: int = None
     mixed_precision: bool = False
+    rematerialize: bool = False
     seed: int = 0
     distribution: str = None
     mesh: object = None

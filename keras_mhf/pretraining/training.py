@@ -63,8 +63,10 @@ def build_model(
     sequence_length,
     extra_layers=0,
     signature_rule="unique",
+    rematerialize=False,
 ):
-    """A new MHF (`kind="mhf"`) or Standard (`"standard"`) causal LM.
+    """A new MHF (`kind="mhf"`) or Standard (`"standard"`) causal LM
+    (`rematerialize`: see `MultiHashFormerBackbone`).
 
     Example:
 
@@ -78,6 +80,7 @@ def build_model(
             architecture,
             sequence_length=sequence_length,
             signature_rule=signature_rule,
+            rematerialize=rematerialize,
         )
     if kind == "standard":
         return standard_causal_lm(
@@ -85,6 +88,7 @@ def build_model(
             architecture,
             extra_layers=extra_layers,
             sequence_length=sequence_length,
+            rematerialize=rematerialize,
         )
     raise ValueError(f"--model must be 'mhf' or 'standard'; got {kind!r}.")
 
@@ -153,6 +157,7 @@ def build_run_model(config, tokenizer):
             config.sequence_length,
             config.extra_layers,
             config.signature_rule,
+            config.rematerialize,
         )
     optimizer = make_optimizer(
         config.learning_rate,
