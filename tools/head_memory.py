@@ -27,13 +27,21 @@ import time
 import numpy as np
 
 MODES = ("fused", "unchunked", "standard")
-# Mode -> the MHF hash configuration it builds on the trunk.
-HASHES = {"fused": "h4b16k", "unchunked": "h4b16k", "fused_h3": "h3b10k"}
+# Mode -> the MHF hash configuration it builds on the trunk. `trunk` is the
+# H4 B16384 backbone alone (hash encoder, blocks, norm) under a mean squared
+# loss on its hidden states: what a step costs without any output head.
+HASHES = {
+    "fused": "h4b16k",
+    "unchunked": "h4b16k",
+    "fused_h3": "h3b10k",
+    "trunk": "h4b16k",
+}
 
 
-def worker(
+def build(
     mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat
 ):
+    """The compiled model of a row and one batch `(x, y)`."""
     import keras
 
     from keras_mhf import benchmarking
@@ -55,7 +63,6 @@ def worker(
             head_block_size=0 if mode == "unchunked" else None,
             rematerialize=remat,
         )
-    model.compile(optimizer=keras.optimizers.AdamW(1e-4))
     batch = tokens_per_step // sequence_length
     rng = np.random.default_rng(0)
     ids = rng.integers(3, vocabulary_size, (batch, sequence_length + 1))
@@ -64,6 +71,55 @@ def worker(
         "padding_mask": np.ones((batch, sequence_length), "int32"),
     }
     y = ids[:, 1:].astype("int32")
+    if mode == "trunk":
+        backbone = model.backbone
+        model = keras.Model(backbone.input, backbone.output)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss="mse")
+        y = np.zeros((batch, sequence_length, backbone.hidden_dim), "float32")
+    else:
+        model.compile(optimizer=keras.optimizers.AdamW(1e-4))
+    return model, x, y
+
+
+def xla_sizes(model, x, y):
+    """XLA's buffer sizes of the compiled JAX train step (no step runs):
+    `(temporaries, arguments)` in MiB; the arguments are the weights, the
+    optimizer's state and the batch (donated: the outputs reuse them)."""
+    import jax
+
+    model._symbolic_build(data_batch=(x, y, None))
+    model.optimizer.build(model.trainable_variables)
+    state = model._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+        purge_model_variables=False,
+    )
+    compiled = jax.jit(model.train_step).lower(state, (x, y)).compile()
+    analysis = compiled.memory_analysis()
+    return (
+        analysis.temp_size_in_bytes / 2**20,
+        analysis.argument_size_in_bytes / 2**20,
+    )
+
+
+def worker(
+    mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat, xla
+):
+    model, x, y = build(
+        mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat
+    )
+    if xla:
+        temporaries, arguments = xla_sizes(model, x, y)
+        result = dict(
+            mode=mode,
+            tokens=tokens_per_step,
+            xla_temp_mib=temporaries,
+            xla_argument_mib=arguments,
+        )
+        print("RESULT " + json.dumps(result), flush=True)
+        return
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for _ in range(2):
@@ -106,13 +162,22 @@ def main(argv=None):
     p.add_argument("--sequence-length", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=32768)
     p.add_argument(
-        "--modes", nargs="+", default=list(MODES), choices=[*HASHES, "standard"]
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=[*HASHES, "standard"],
     )
     p.add_argument("--trunk", default="mini")
     p.add_argument(
         "--rematerialize",
         action="store_true",
         help="recompute the trunk's blocks in the backward pass (every model)",
+    )
+    p.add_argument(
+        "--xla-analysis",
+        action="store_true",
+        help="JAX: report XLA's buffer sizes of the compiled step instead of "
+        "running it (seconds per row; sizes that do not fit this machine too)",
     )
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -126,6 +191,7 @@ def main(argv=None):
             args.vocab,
             args.trunk,
             args.rematerialize,
+            args.xla_analysis,
         )
     rows = []
     for tokens in args.tokens:
@@ -142,6 +208,7 @@ def main(argv=None):
                 "--trunk",
                 args.trunk,
                 *(["--rematerialize"] if args.rematerialize else []),
+                *(["--xla-analysis"] if args.xla_analysis else []),
             ]
             done = subprocess.run(
                 command, capture_output=True, text=True, env=worker_env()
@@ -180,41 +247,71 @@ def format_table(rows, args):
 
     from keras_mhf.models.qwen3_decoder_block import XLA_CPU_MEMORY_SCHEDULER
 
-    standard = {r["tokens"]: r for r in rows if r["mode"] == "standard"}
-    lines = [
-        f"# Training memory of the cascade head ({keras.config.backend()})",
-        "",
-        f"`python tools/head_memory.py`: {args.trunk} trunk"
-        f"{' (blocks rematerialised)' if args.rematerialize else ''}, H4 B16384 "
-        "(fused_h3: H3 B10624), "
-        f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, "
-        "AdamW, two `train_on_batch` steps in a fresh process per row; peak "
-        "RSS growth after the model is built, and the second step's time "
-        "(CPU, 2 shared cores: times are indicative)"
-        + (
-            f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`."
-            if keras.config.backend() == "jax"
-            else "."
-        ),
-        "",
-        "| head | tokens/step | peak MiB | / Standard | step s | loss |",
-        "|---|---|---|---|---|---|",
-    ]
+    backend = keras.config.backend()
+    trunk = f"{args.trunk} trunk" + (
+        " (blocks rematerialised)" if args.rematerialize else ""
+    )
+    setting = (
+        f"{trunk}, H4 B16384 (fused_h3: H3 B10624; trunk: the H4 backbone "
+        f"without a head), V = {args.vocab:,} synthetic, sequence "
+        f"{args.sequence_length}, AdamW"
+    )
+    flag = (
+        f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`" if backend == "jax" else ""
+    )
+    lines = [f"# Training memory of the cascade head ({backend})", ""]
+    if args.xla_analysis:
+        lines += [
+            f"`python tools/head_memory.py --xla-analysis`: {setting}; XLA's "
+            "buffer sizes of the compiled train step (temporaries: "
+            "activations, logits, gradients; arguments: weights, optimizer "
+            f"state, batch){flag}. Head's share: temporaries over the trunk "
+            "row's at the same tokens per step.",
+            "",
+            "| head | tokens/step | temporaries MiB | / Standard | head's "
+            "share MiB | arguments MiB |",
+            "|---|---|---|---|---|---|",
+        ]
+        value, columns = "xla_temp_mib", ("xla_argument_mib",)
+    else:
+        lines += [
+            f"`python tools/head_memory.py`: {setting}, two `train_on_batch` "
+            "steps in a fresh process per row; peak RSS growth after the "
+            "model is built, and the second step's time (CPU, 2 shared "
+            f"cores: times are indicative){flag}.",
+            "",
+            "| head | tokens/step | peak MiB | / Standard | head's share MiB "
+            "| step s | loss |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        value, columns = "peak_mib", ("step_s", "loss")
+    by_mode = {(r["mode"], r["tokens"]): r for r in rows if not r.get("failed")}
     for r in rows:
         if r.get("failed"):
+            blanks = " |" * (len(columns) + 2)
             lines.append(
-                f"| {r['mode']} | {r['tokens']} | {r['failed']} | | | |"
+                f"| {r['mode']} | {r['tokens']} | {r['failed']} |{blanks}"
             )
             continue
-        std = standard.get(r["tokens"])
-        ratio = (
-            f"{r['peak_mib'] / std['peak_mib']:.2f}"
-            if std and not std.get("failed") and std["peak_mib"] > 0
+        std = by_mode.get(("standard", r["tokens"]))
+        ratio = f"{r[value] / std[value]:.2f}" if std and std[value] > 0 else ""
+        base = by_mode.get(("trunk", r["tokens"]))
+        share = (
+            f"{r[value] - base[value]:.0f}"
+            if base and r["mode"] != "trunk"
             else ""
         )
+        rest = " | ".join(
+            f"{r[c]:.4f}"
+            if c == "loss"
+            else f"{r[c]:.0f}"
+            if "mib" in c
+            else f"{r[c]:.2f}"
+            for c in columns
+        )
         lines.append(
-            f"| {r['mode']} | {r['tokens']} | {r['peak_mib']:.0f} | {ratio} "
-            f"| {r['step_s']:.2f} | {r['loss']:.4f} |"
+            f"| {r['mode']} | {r['tokens']} | {r[value]:.0f} | {ratio} "
+            f"| {share} | {rest} |"
         )
     return "\n".join(lines) + "\n"
 
