@@ -323,7 +323,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         if scoring_mode == "logits":
             return self.token_log_probs(hidden_states)
         target_log_probs, _, _ = self.next_token_statistics(
-            hidden_states, target_ids
+            hidden_states, target_ids, with_argmax=False
         )
         return -target_log_probs
 
