@@ -279,9 +279,10 @@ def format_table(rows, args):
         f"without a head), V = {args.vocab:,} synthetic, sequence "
         f"{args.sequence_length}, AdamW"
     )
-    flag = (
-        f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`" if backend == "jax" else ""
-    )
+    flag = {
+        "jax": f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`",
+        "torch": f"; `MALLOC_MMAP_THRESHOLD_={TORCH_MMAP_THRESHOLD}`",
+    }.get(backend, "")
     lines = [f"# Training memory of the cascade head ({backend})", ""]
     if args.xla_analysis:
         lines += [
