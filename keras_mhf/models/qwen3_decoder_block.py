@@ -213,12 +213,9 @@ XLA_CPU_MEMORY_SCHEDULER = (
 def _warn_if_xla_cpu_schedules_for_concurrency():
     if keras.config.backend() != "jax":
         return
-    import jax
-
     flag = XLA_CPU_MEMORY_SCHEDULER.split("=")[0]
-    if jax.default_backend() == "cpu" and flag not in os.environ.get(
-        "XLA_FLAGS", ""
-    ):
+    on_cpu = keras.distribution.list_devices()[0].startswith("cpu")
+    if on_cpu and flag not in os.environ.get("XLA_FLAGS", ""):
         warnings.warn(
             "rematerialize=True on JAX's CPU backend saves no memory under "
             "XLA's default CPU scheduler, which recomputes every block at "
