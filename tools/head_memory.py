@@ -151,14 +151,16 @@ def worker_env():
     """The workers' environment: on JAX, XLA's CPU scheduler that minimises
     memory (`XLA_CPU_MEMORY_SCHEDULER`, added to any `XLA_FLAGS`); on
     PyTorch, a fixed malloc mmap threshold."""
+    import keras
+
     from keras_mhf.models.qwen3_decoder_block import XLA_CPU_MEMORY_SCHEDULER
 
-    env = dict(os.environ)
+    env = dict(os.environ, KERAS_BACKEND=keras.config.backend())
     # PyTorch's CPU tensors come from glibc malloc, whose dynamic mmap
     # threshold keeps freed blocks of tens of MB resident: the fused head's
     # forward at 8,192 positions showed 3.7 GB of RSS for 0.3 GB live. A
     # fixed threshold returns them, so RSS follows what is live.
-    if env.get("KERAS_BACKEND") == "torch":
+    if keras.config.backend() == "torch":  # as the table's header says
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(TORCH_MMAP_THRESHOLD))
     flags = env.get("XLA_FLAGS", "")
     if XLA_CPU_MEMORY_SCHEDULER.split("=")[0] not in flags:
