@@ -4,8 +4,10 @@
 final hidden states: the positions are cut into blocks of `block_size`, and
 for each block the H heads' logits, the cascade's soft retrievals (Sec. 3.3)
 and the per-head cross-entropy (Sec. 3.4, training) run under
-`keras.remat`, inside `keras.ops.scan`. Neither pass ever holds the
-`[b, s, H, B]` logits or their softmaxes: the forward pass keeps one block's
+`keras.remat`, inside `keras.ops.scan` (on PyTorch, whose checkpoint
+keeps every block's recomputation until the backward pass ends, in an
+autograd Function instead: `keras_mhf.utils.torch_blockwise_sum`). Neither
+pass ever holds the `[b, s, H, B]` logits or their softmaxes: the forward pass keeps one block's
 worth, and the backward pass recomputes one block at a time, keeping only the
 block inputs (`[n, d]` hidden states). The result equals the unchunked
 `SignatureCrossEntropy` with its default reduction `mean_with_sample_weight`:
@@ -13,6 +15,7 @@ the weighted sum of per-position losses over the sum of weights (over the
 number of positions when there is no weight).
 """
 
+import keras
 from keras import ops
 
 from keras_mhf.losses.signature_cross_entropy import signature_cross_entropy
@@ -98,30 +101,47 @@ def fused_signature_loss(
         ops.reshape(padded_weights, (blocks, size)),
     )
 
-    def step(total, index):
-        # One scanned tensor: Keras' TF `scan` needs a static length for more.
-        block_states, block_targets, block_weights = [
-            ops.take(x, index, axis=0) for x in blocked
-        ]
+    def block_loss(block_states, block_targets, block_weights):
+        logits = ops.stack(decoder.head_logits(block_states), axis=-2)
+        per_position = signature_cross_entropy(block_targets, logits)
+        return ops.sum(per_position * block_weights)
 
-        def block_loss(block_states):
-            logits = ops.stack(decoder.head_logits(block_states), axis=-2)
-            per_position = signature_cross_entropy(block_targets, logits)
-            return ops.sum(per_position * block_weights)
+    if keras.config.backend() == "torch":
+        # torch's checkpoint keeps every block's recomputation until the
+        # backward pass ends; this Function frees each block in turn.
+        from keras_mhf.utils.torch_blockwise_sum import blockwise_sum
 
-        # The decoder's variables (mixers and the tied tables) enter the
-        # rematerialised function as arguments (`rematerialized`).
-        loss = rematerialized(decoder.variables, block_loss)(block_states)
-        return total + loss, loss
-
-    total, _ = ops.scan(
-        step, ops.zeros((), "float32"), ops.arange(blocks, dtype="int32")
-    )
+        total = blockwise_sum(block_loss, decoder.variables, blocked)
+    else:
+        total = _scanned_sum(block_loss, decoder.variables, blocked, blocks)
     if sample_weight is None:
         divisor = ops.cast(count, "float32")
     else:
         divisor = ops.sum(weights)
     return ops.divide_no_nan(total, divisor)
+
+
+def _scanned_sum(block_loss, variables, blocked, blocks):
+    """`sum(block_loss(*block))` over the blocks in `keras.ops.scan`, each
+    block under `keras.remat` (JAX, TensorFlow)."""
+
+    def step(total, index):
+        # One scanned tensor: Keras' TF `scan` needs a static length for more.
+        block = [ops.take(x, index, axis=0) for x in blocked]
+        block_states, block_targets, block_weights = block
+
+        def states_loss(block_states):
+            return block_loss(block_states, block_targets, block_weights)
+
+        # The decoder's variables (mixers and the tied tables) enter the
+        # rematerialised function as arguments (`rematerialized`).
+        loss = rematerialized(variables, states_loss)(block_states)
+        return total + loss, loss
+
+    total, _ = ops.scan(
+        step, ops.zeros((), "float32"), ops.arange(blocks, dtype="int32")
+    )
+    return total
 
 
 def uses_fused_head(task):
