@@ -262,3 +262,23 @@ def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
                 assert row[key] == ref[key]
                 continue
             assert value == pytest.approx(expected, rel=1e-5, abs=1e-7), key
+
+
+def test_compile_builds_the_default_objectives(lm):
+    """With the default loss and metrics, `compile` builds them from shapes:
+    the first training step need not run the model on the batch to build
+    them (on PyTorch that was a full forward pass with the unfused head)."""
+    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models import standard_backbone
+
+    assert lm._compile_loss.built
+    standard = StandardCausalLM(standard_backbone(64, "tiny"), None)
+    standard.compile(optimizer="sgd")
+    assert standard._compile_loss.built
+    assert standard._compile_metrics.built
+    x, y, weights = batch(seed=6)
+    logs = standard.train_on_batch(x, y, weights, return_dict=True)
+    assert set(logs) == {"loss", "sparse_categorical_accuracy"}
+    # A string metric depends on the targets' shape: Keras builds it.
+    standard.compile(optimizer="sgd", weighted_metrics=["accuracy"])
+    assert not standard._compile_metrics.built

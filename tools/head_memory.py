@@ -36,6 +36,9 @@ HASHES = {
     "fused_h3": "h3b10k",
     "trunk": "h4b16k",
 }
+# Headless rows (the backbone under a mean squared loss on its hidden
+# states): the base of the "head's share" of the MHF rows and of Standard's.
+TRUNKS = ("trunk", "standard_trunk")
 
 
 def build(
@@ -50,7 +53,7 @@ def build(
     from keras_mhf.models import standard_backbone
 
     keras.utils.set_random_seed(0)
-    if mode == "standard":
+    if mode in ("standard", "standard_trunk"):
         model = StandardCausalLM(
             standard_backbone(vocabulary_size, trunk, rematerialize=remat),
             None,
@@ -71,7 +74,7 @@ def build(
         "padding_mask": np.ones((batch, sequence_length), "int32"),
     }
     y = ids[:, 1:].astype("int32")
-    if mode == "trunk":
+    if mode in TRUNKS:
         backbone = model.backbone
         model = keras.Model(backbone.input, backbone.output)
         model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss="mse")
@@ -177,7 +180,7 @@ def main(argv=None):
         "--modes",
         nargs="+",
         default=list(MODES),
-        choices=[*HASHES, "standard"],
+        choices=[*HASHES, "standard", "standard_trunk"],
     )
     p.add_argument("--trunk", default="mini")
     p.add_argument(
@@ -278,8 +281,8 @@ def format_table(rows, args):
     )
     setting = (
         f"{trunk}, H4 B16384 (fused_h3: H3 B10624; trunk: the H4 backbone "
-        f"without a head), V = {args.vocab:,} synthetic, sequence "
-        f"{args.sequence_length}, AdamW"
+        "without a head; standard_trunk: Standard's), "
+        f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, AdamW"
     )
     flag = {
         "jax": f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`",
@@ -292,7 +295,8 @@ def format_table(rows, args):
             "buffer sizes of the compiled train step (temporaries: "
             "activations, logits, gradients; arguments: weights, optimizer "
             f"state, batch){flag}. Head's share: temporaries over the trunk "
-            "row's at the same tokens per step.",
+            "row's (Standard: the standard_trunk row's) at the same tokens per "
+            "step.",
             "",
             "| head | tokens/step | temporaries MiB | / Standard | head's "
             "share MiB | arguments MiB |",
@@ -304,7 +308,9 @@ def format_table(rows, args):
             f"`python tools/head_memory.py`: {setting}, two `train_on_batch` "
             "steps in a fresh process per row; peak RSS growth after the "
             "model is built, and the second step's time (CPU, 2 shared "
-            f"cores: times are indicative){flag}.",
+            f"cores: times are indicative){flag}. Head's share: peak over "
+            "the trunk row's (Standard: the standard_trunk row's) at the same "
+            "tokens per step.",
             "",
             "| head | tokens/step | peak MiB | / Standard | head's share MiB "
             "| step s | loss |",
@@ -321,10 +327,11 @@ def format_table(rows, args):
             continue
         std = by_mode.get(("standard", r["tokens"]))
         ratio = f"{r[value] / std[value]:.2f}" if std and std[value] > 0 else ""
-        base = by_mode.get(("trunk", r["tokens"]))
+        headless = "standard_trunk" if r["mode"] == "standard" else "trunk"
+        base = by_mode.get((headless, r["tokens"]))
         share = (
             f"{r[value] - base[value]:.0f}"
-            if base and r["mode"] != "trunk"
+            if base and r["mode"] not in TRUNKS
             else ""
         )
         rest = " | ".join(

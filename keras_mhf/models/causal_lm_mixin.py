@@ -147,6 +147,22 @@ class CausalLMMixin:
             config["optimizer_built"] = bool(self.optimizer.built)
         return config
 
+    def build_default_objectives(self, y_true, y_pred):
+        """Builds the compiled loss and metrics for targets and predictions
+        shaped like the `keras.KerasTensor`s `y_true` and `y_pred`; called by
+        `compile` with the default loss and metrics. Otherwise Keras builds
+        them at the first training step by running the model on the whole
+        first batch with `training=False`: on PyTorch, whose
+        `compute_output_spec` falls back to real tensors for KerasHub's
+        attention, that is a full forward pass with the unfused head
+        (MultiHashFormer's `[b, s, H, B]` logits, 2 GiB at 8,192 tokens with
+        H4 B16384, kept by reference cycles until Python's collector runs)."""
+        if not all(layer.built for layer in self._flatten_layers()):
+            return  # Keras builds the model and its objectives on a batch
+        for objective in (self._compile_loss, self._compile_metrics):
+            if objective is not None and not objective.built:
+                objective.build(y_true, y_pred)
+
     def compile_from_config(self, config):
         """Recompiles from `get_compile_config` (used by `.keras` loading)."""
         config = dict(config)

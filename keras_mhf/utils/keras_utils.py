@@ -243,6 +243,10 @@ def rematerialized(variables, function):
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
             return function(*tensors)
 
+    if keras.config.backend() == "torch":
+        from keras_mhf.utils.torch_checkpointing import without_early_stop
+
+        call = without_early_stop(call)
     values = [keras.ops.convert_to_tensor(v) for v in variables]
     return lambda *tensors: call(values, *tensors)
 

@@ -205,6 +205,18 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             **kwargs,
         )
         fused_loss.uses_fused_head(self)  # refuses what it cannot fuse
+        if loss == "auto" and weighted_metrics == "auto":
+            if "metrics" not in kwargs:
+                decoder = self.hash_decoder
+                self.build_default_objectives(
+                    keras.KerasTensor(
+                        (None, None, decoder.num_hashes), "int32"
+                    ),
+                    keras.KerasTensor(
+                        (None, None, decoder.num_hashes, decoder.num_buckets),
+                        decoder.compute_dtype,
+                    ),
+                )
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """`keras.Model.quantize` (`"int8"`, `"int4"`, `"gptq"`, `"awq"`)

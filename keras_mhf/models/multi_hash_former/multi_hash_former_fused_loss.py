@@ -6,7 +6,7 @@ for each block the H heads' logits, the cascade's soft retrievals (Sec. 3.3)
 and the per-head cross-entropy (Sec. 3.4, training) run under
 `keras.remat`, inside `keras.ops.scan` (on PyTorch, whose checkpoint
 keeps every block's recomputation until the backward pass ends, in an
-autograd Function instead: `keras_mhf.utils.torch_blockwise_sum`). Neither
+autograd Function instead: `keras_mhf.utils.torch_checkpointing`). Neither
 pass ever holds the `[b, s, H, B]` logits or their softmaxes: the forward pass keeps one block's
 worth, and the backward pass recomputes one block at a time, keeping only the
 block inputs (`[n, d]` hidden states). The result equals the unchunked
@@ -109,7 +109,7 @@ def fused_signature_loss(
     if keras.config.backend() == "torch":
         # torch's checkpoint keeps every block's recomputation until the
         # backward pass ends; this Function frees each block in turn.
-        from keras_mhf.utils.torch_blockwise_sum import blockwise_sum
+        from keras_mhf.utils.torch_checkpointing import blockwise_sum
 
         total = blockwise_sum(block_loss, decoder.variables, blocked)
     else:

@@ -52,11 +52,21 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
     def compile(self, optimizer="auto", loss="auto", **kwargs):
         """Like `CausalLM.compile`, with the default loss averaged over the
         unmasked positions (`reduction="mean_with_sample_weight"`)."""
+        default = loss == "auto" and "metrics" not in kwargs
+        default = default and kwargs.get("weighted_metrics", "auto") == "auto"
         if loss == "auto":
             loss = keras.losses.SparseCategoricalCrossentropy(
                 from_logits=True, reduction="mean_with_sample_weight"
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        if default:
+            self.build_default_objectives(
+                keras.KerasTensor((None, None), "int32"),
+                keras.KerasTensor(
+                    (None, None, self.backbone.vocabulary_size),
+                    self.backbone.compute_dtype,
+                ),
+            )
 
     def token_log_probs(self, hidden_states):
         """Final hidden states `[..., d]` -> token log-probs `[..., V]`

@@ -32,7 +32,7 @@ def block_inputs(blocks=4):
 def test_sum_and_gradients_equal_plain_autograd(layer):
     import torch
 
-    from keras_mhf.utils.torch_blockwise_sum import blockwise_sum
+    from keras_mhf.utils.torch_checkpointing import blockwise_sum
 
     def block_loss(x, weights):
         y = keras.ops.tanh(layer(x))
@@ -62,7 +62,7 @@ def peak_saved_bytes(function, variables, blocked):
     the graph lets the tensor go."""
     import torch
 
-    from keras_mhf.utils.torch_blockwise_sum import blockwise_sum
+    from keras_mhf.utils.torch_checkpointing import blockwise_sum
 
     live = {"now": 0, "most": 0}
 
