@@ -178,3 +178,28 @@ def test_decoding_settings(tiny_lm, tmp_path):
         np.testing.assert_array_equal(
             order, np.argsort(table[:, head], kind="stable")
         )
+
+
+def test_failed_certificates_back_off_to_the_scan():
+    """After a failed certificate the next 1, 2, 4, ... (at most 32) steps
+    scan without searching; a certified search resets the backoff."""
+
+    def run(outcomes):
+        wait, streak, searched = 0, 0, []
+        for step, certified in enumerate(outcomes):
+            scanned = 1 if wait > 0 or not certified else 0
+            if wait == 0:
+                searched.append(step)
+            wait, streak = to_numpy(
+                decoding._next_backoff(
+                    ops.convert_to_tensor(wait, "int32"),
+                    ops.convert_to_tensor(streak, "int32"),
+                    ops.convert_to_tensor(scanned, "int32"),
+                )
+            ).tolist()
+        return searched
+
+    assert run([False] * 110) == [0, 2, 5, 10, 19, 36, 69, 102]
+    assert run([True] * 4) == [0, 1, 2, 3]
+    # Fail twice (searches at 0 and 2), then certified from step 5 on.
+    assert run([False] * 5 + [True] * 3) == [0, 2, 5, 6, 7]

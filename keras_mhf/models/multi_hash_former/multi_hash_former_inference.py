@@ -18,7 +18,11 @@ bucket outside that head's top `K`, so `s(w) <= sum_i t_i` with `t_i` the
 head's `(K+1)`-th best log-probability (float addition is monotone, so the
 bound also holds in float32). If the k-th best candidate beats the bound the
 candidates' top-k is the vocabulary's; otherwise the step falls back to the
-full scan (`full_top_k`) inside the same compiled step. Both decodings break
+full scan (`full_top_k`) inside the same compiled step, and the next steps
+scan without searching first (1, 2, 4, ... up to `MAX_SCAN_BACKOFF` steps
+after consecutive failures, reset by a certified step), so a model whose
+heads disagree pays about the scan, not the search plus the scan, per
+token. Both decodings break
 ties towards the lowest token id and sample with the same code, so
 `decoding="candidates"` returns exactly the tokens of `decoding="full"`.
 Other samplers need the whole distribution and use KerasHub's samplers on
@@ -475,8 +479,11 @@ def resolved_candidate_buckets(causal_lm):
     return min(candidate_buckets, lookup.num_buckets - 1)
 
 
-def next_token(causal_lm, hidden_states, sampler, k):
-    """One step: `(next token ids [b], fell back to the full scan)`."""
+def next_token(causal_lm, hidden_states, sampler, k, scan_only=None):
+    """One step: `(next token ids [b], scanned the whole vocabulary)`.
+    `scan_only` (a scalar bool, optional): skip the candidate search and
+    scan the vocabulary (the backoff of `top_k_generate_step`); the same
+    tokens either way."""
     lookup = causal_lm.backbone.signature_lookup
     log_probs, signatures = heads(causal_lm, hidden_states)
     if uses_candidate_search(causal_lm):
@@ -484,15 +491,26 @@ def next_token(causal_lm, hidden_states, sampler, k):
             max(resolved_candidate_buckets(causal_lm), k),
             lookup.num_buckets - 1,
         )
-        values, ids, certified = candidate_top_k(
-            signatures, causal_lm.bucket_index, log_probs, k, buckets
-        )
-        values, ids = ops.cond(
-            certified,
-            lambda: (values, ids),
-            lambda: full_top_k(signatures, log_probs, k),
-        )
-        fallback = ops.cast(ops.logical_not(certified), "int32")
+
+        def scan():
+            values, ids = full_top_k(signatures, log_probs, k)
+            return values, ids, ops.convert_to_tensor(True)
+
+        def search():
+            values, ids, certified = candidate_top_k(
+                signatures, causal_lm.bucket_index, log_probs, k, buckets
+            )
+            return ops.cond(
+                certified,
+                lambda: (values, ids, ops.convert_to_tensor(False)),
+                scan,
+            )
+
+        if scan_only is None:
+            values, ids, scanned = search()
+        else:
+            values, ids, scanned = ops.cond(scan_only, scan, search)
+        fallback = ops.cast(scanned, "int32")
     else:
         values, ids = full_top_k(signatures, log_probs, k)
         fallback = ops.convert_to_tensor(0, "int32")
@@ -624,6 +642,30 @@ def _stopped(prompt, stop_token_ids, mask):
     return ops.logical_not(ops.all(ops.any(ends, axis=-1)))
 
 
+# After a failed certificate the next steps scan the vocabulary without
+# trying the candidates first: 1, 2, 4, ... steps after consecutive failures,
+# at most this many, and none after a certified step.
+MAX_SCAN_BACKOFF = 32
+
+
+def _next_backoff(wait, streak, scanned):
+    """`[wait, streak]` after a step: `wait` steps left that scan without
+    searching, `streak` the certificates failed in a row. A step that
+    waited counts down; a failed search doubles the wait; a certified one
+    resets both."""
+    searched = wait == 0
+    failed = ops.logical_and(searched, scanned > 0)
+    streak = ops.where(failed, streak + 1, ops.where(searched, 0, streak))
+    doubled = ops.minimum(
+        ops.left_shift(
+            ops.convert_to_tensor(1, "int32"), ops.maximum(streak - 1, 0)
+        ),
+        MAX_SCAN_BACKOFF,
+    )
+    wait = ops.where(failed, doubled, ops.where(searched, 0, wait - 1))
+    return ops.stack([wait, streak])
+
+
 def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
     """KerasHub's generation loop (prompt mask, stop tokens, KV cache) with
     the greedy / top-k choice made by `next_token`. `cache` is the prompt's
@@ -637,26 +679,36 @@ def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
     mask = ops.cast(padding_mask, "bool")
     sampler = causal_lm.sampler
 
-    def cond(prompt, cache, index, fallbacks, steps):
+    def cond(prompt, cache, index, fallbacks, steps, backoff):
         return _stopped(prompt, stop_token_ids, mask)
 
-    def body(prompt, cache, index, fallbacks, steps):
+    def body(prompt, cache, index, fallbacks, steps, backoff):
         batch_size = ops.shape(prompt)[0]
         previous = ops.slice(prompt, [0, index - 1], [batch_size, 1])
         hidden, cache = trunk_with_cache(
             causal_lm.backbone, previous, cache, index - 1
         )
-        chosen, fallback = next_token(causal_lm, hidden[:, 0], sampler, k)
+        wait, streak = backoff[0], backoff[1]
+        chosen, scanned = next_token(
+            causal_lm, hidden[:, 0], sampler, k, scan_only=wait > 0
+        )
         chosen = ops.cast(chosen, prompt.dtype)
         chosen = ops.where(mask[:, index], prompt[:, index], chosen)
         prompt = ops.slice_update(prompt, [0, index], chosen[:, None])
-        return prompt, cache, index + 1, fallbacks + fallback, steps + 1
+        return (
+            prompt,
+            cache,
+            index + 1,
+            fallbacks + scanned,
+            steps + 1,
+            _next_backoff(wait, streak, scanned),
+        )
 
     zero = ops.convert_to_tensor(0, "int32")
-    token_ids, _, _, fallbacks, steps = sampler.run_loop(
+    token_ids, _, _, fallbacks, steps, _ = sampler.run_loop(
         cond,
         body,
-        loop_vars=(token_ids, cache, index, zero, zero),
+        loop_vars=(token_ids, cache, index, zero, zero, ops.zeros(2, "int32")),
         maximum_iterations=max_length - index,
         model=causal_lm,
     )
