@@ -105,3 +105,40 @@ def test_backward_holds_one_block_at_a_time(layer):
     assert eight_blocks <= one_block + inputs_bytes
     for variable in layer.variables:
         variable.value.grad = None
+
+
+def test_rematerialized_blocks_leave_no_checkpoint_in_a_reference_cycle():
+    """Rematerialised trunk blocks on PyTorch: after the backward pass no
+    checkpoint frame (holding a block's recomputed activations) waits for
+    Python's cyclic collector, as torch's early stop left them: its
+    exception, passing through Keras' traceback filtering (on by default,
+    off in these tests), was kept in a reference cycle."""
+    import torch.utils.checkpoint
+
+    from keras_mhf.models import MultiHashFormerCausalLM
+
+    def frames():
+        return sum(
+            isinstance(o, torch.utils.checkpoint._CheckpointFrame)
+            for o in gc.get_objects()
+        )
+
+    keras.utils.set_random_seed(0)
+    tokens = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(29)]
+    backbone = MultiHashFormerCausalLM.from_tokens(
+        tokens, "tiny_h3b64", pad_token_id=0, rematerialize=True
+    ).backbone
+    ids = np.random.default_rng(0).integers(3, 32, (2, 7)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    gc.collect()
+    gc.disable()
+    keras.config.enable_traceback_filtering()
+    try:
+        before = frames()
+        hidden = backbone(x, training=True)
+        keras.ops.sum(hidden * hidden).backward()
+        leftover = frames() - before
+    finally:
+        keras.config.disable_traceback_filtering()
+        gc.enable()
+    assert leftover == 0
