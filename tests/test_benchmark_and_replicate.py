@@ -120,7 +120,7 @@ def test_inference_benchmark_smoke(tmp_path, inference):
         for r in disagree:
             assert r["disagree_full_ms_per_token_b8"] > 0
             assert 0.0 <= r["disagree_candidates_fallback_rate_b1"] <= 1.0
-        assert "Every step falls back" in report
+        assert "Every certificate fails" in report
     elif inference == "scoring":
         kinds = {(r["kind"], r["vocabulary_size"]) for r in results}
         assert kinds == {("mhf_score", 512), ("standard_score", 512)}

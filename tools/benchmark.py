@@ -916,9 +916,11 @@ def fallback_report(results, args):
     """The all-fallback table: candidate decoding whose every step falls
     back to the full scan, against `decoding="full"` on the same model."""
     lines = [
-        f"Every step falls back (a random {args.mhf_architecture} whose "
+        f"Every certificate fails (a random {args.mhf_architecture} whose "
         f"bucket tables are scaled x{DISAGREE_SCALE:g}, so its heads "
-        "disagree; greedy):",
+        f"disagree; greedy, {args.new_tokens} new tokens per call; after a "
+        "failure the next 1, 2, 4, ... steps scan without searching; "
+        "fallback rate: the steps that scanned):",
         "",
         "| V | K | candidates ms/token b1 / b8 | full scan b1 / b8 | "
         "candidates / full b1 / b8 | fallback rate b1 / b8 |",
