@@ -106,6 +106,11 @@ def test_score_is_normalised_and_matches_loss(tiny_lm, corpus):
         ..., 0
     ]
     np.testing.assert_allclose(per_token, expected, atol=1e-5)
+    # The loss scan runs compiled; on TensorFlow under XLA.
+    from keras_mhf.models.next_token_scorer import NextTokenScorer
+
+    scorer = NextTokenScorer._cache[tiny_lm]["loss"]
+    assert scorer.jit_compile == (keras.config.backend() != "torch")
     # The intercept sees the embeddings (-1) and every block.
     seen = []
     tiny_lm.score(
@@ -174,7 +179,7 @@ def test_generate_stops_at_end_token(tiny_lm):
         forced[..., end] = 0.0
         return ops.convert_to_tensor(forced), hidden, cache
 
-    def forced_token(causal_lm, hidden_states, sampler, k):
+    def forced_token(causal_lm, hidden_states, sampler, k, scan_only=None):
         batch = ops.shape(hidden_states)[0]
         return ops.full((batch,), end, "int32"), ops.convert_to_tensor(0)
 
