@@ -7,12 +7,12 @@ and the per-head cross-entropy (Sec. 3.4, training) run under
 `keras.remat`, inside `keras.ops.scan` (on PyTorch, whose checkpoint
 keeps every block's recomputation until the backward pass ends, in an
 autograd Function instead: `keras_mhf.utils.torch_checkpointing`). Neither
-pass ever holds the `[b, s, H, B]` logits or their softmaxes: the forward pass keeps one block's
-worth, and the backward pass recomputes one block at a time, keeping only the
-block inputs (`[n, d]` hidden states). The result equals the unchunked
-`SignatureCrossEntropy` with its default reduction `mean_with_sample_weight`:
-the weighted sum of per-position losses over the sum of weights (over the
-number of positions when there is no weight).
+pass ever holds the `[b, s, H, B]` logits or their softmaxes: the forward
+pass keeps one block's worth, and the backward pass recomputes one block at
+a time, keeping only the block inputs (`[n, d]` hidden states). The result
+equals the unchunked `SignatureCrossEntropy` with its default reduction
+`mean_with_sample_weight`: the weighted sum of per-position losses over the
+sum of weights (over the number of positions when there is no weight).
 """
 
 import keras
