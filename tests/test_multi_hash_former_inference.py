@@ -51,11 +51,19 @@ def test_token_log_probs_fp32_under_mixed_precision():
     assert keras.backend.standardize_dtype(out.dtype) == "float32"
 
 
-@pytest.mark.parametrize("temperature", [1.0, 2.5])
-def test_chunked_token_statistics_equal_the_full_log_probs(temperature):
+@pytest.mark.parametrize(
+    "temperature, compiled", [(1.0, False), (2.5, False), (2.5, True)]
+)
+def test_chunked_token_statistics_equal_the_full_log_probs(
+    temperature, compiled, monkeypatch
+):
     """`vocabulary_statistics` (vocabulary in chunks, online log-sum-exp) gives
-    the target log-prob, top log-prob and argmax of `token_log_probs`."""
-    vocabulary = 5000  # several chunks, the last one partial
+    the target log-prob, top log-prob and argmax of `token_log_probs`, also
+    with each chunk compiled (PyTorch; elsewhere XLA compiles the loop)."""
+    vocabulary = 5000  # 20 chunks of 256 tokens, the last one partial
+    monkeypatch.setattr(inference, "SCAN_SCORES", 14 * 256)
+    if compiled:
+        monkeypatch.setattr(inference, "TORCH_COMPILE_CHUNKS", 2)
     tokens = ["<pad>"] + [f"t{i}" for i in range(vocabulary - 1)]
     table = SignatureTable.from_tokens(tokens, 3, 64, pad_token_id=0)
     rng = np.random.default_rng(0)

@@ -165,6 +165,35 @@ def test_output_is_identical_for_one_and_two_workers(
     assert files_of(tmp_path / "one") == files_of(tmp_path / "two")
 
 
+def test_workers_exit_on_their_own_and_die_on_sigterm(
+    tmp_path, inputs, tokenizer_path, monkeypatch
+):
+    """A finished run closes its pool (the workers exit after their last
+    task) instead of terminating it, which hung now and then; the workers
+    do not inherit a parent's SIGTERM handler (the training run's), so that
+    `terminate` on an error kills them."""
+    monkeypatch.setattr(prepare_module, "CHUNK_DOCUMENTS", 7)
+    real_start, pools, handlers = prepare_module._start_pool, [], []
+
+    def start(job, dtype):
+        pool = real_start(job, dtype)
+        pools.append(pool)
+        handlers.append(pool.apply(signal.getsignal, (signal.SIGTERM,)))
+        pool.terminate = lambda: pytest.fail("a finished run terminated")
+        return pool
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(prepare_module, "_start_pool", start)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        prepare(inputs, tokenizer_path, tmp_path / "two", workers=2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(pools) == 1 and handlers == [signal.SIG_DFL]
+
+
 @pytest.mark.parametrize("stop_after", [1, 4])
 def test_an_interrupted_run_resumes_to_identical_bytes(
     tmp_path, inputs, tokenizer_path, monkeypatch, stop_after

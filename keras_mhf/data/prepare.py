@@ -44,6 +44,7 @@ import itertools
 import multiprocessing
 import os
 import re
+import signal
 import sys
 import time
 import warnings
@@ -145,6 +146,12 @@ _WORKER = None
 
 def _init_worker(proto, bos_id, dtype, fraction):
     import sentencepiece as spm
+
+    # A forked worker inherits the parent's handlers (e.g. the training
+    # run's SIGTERM -> SystemExit): the pool's `terminate` must kill it, and
+    # Ctrl-C is the parent's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     global _WORKER
     _WORKER = (
@@ -885,10 +892,17 @@ class _Tokenization:
                     self._consume(*in_flight.popleft())
             while in_flight:
                 self._consume(*in_flight.popleft())
-        finally:
+        except BaseException:
             if pool is not None:
                 pool.terminate()
                 pool.join()
+            raise
+        if pool is not None:
+            # Every result is in: the workers exit on their own. `terminate`
+            # here hung now and then (a worker the pool had just forked was
+            # never signalled and `join` waited on it forever).
+            pool.close()
+            pool.join()
         totals = {split: self.writers[split].finish() for split in SPLITS}
         self.report.finish(sum(self.sizes), self.tokens_done)
         return totals

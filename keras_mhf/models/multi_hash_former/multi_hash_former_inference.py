@@ -51,6 +51,10 @@ DECODINGS = ("candidates", "full")
 # 16 MB, 1,016 positions, V = 32K, 2 cores under load: 8-9% faster on JAX,
 # 1-4% on TensorFlow, 17-24% on PyTorch).
 SCAN_SCORES = 1 << 20
+# On PyTorch, scans of at least this many chunks run each chunk compiled
+# (`keras_mhf.utils.torch_compile`); shorter ones stay eager, where a first
+# compilation would cost more than it saves.
+TORCH_COMPILE_CHUNKS = 32
 
 
 # --- Token scores ------------------------------------------------------------
@@ -165,36 +169,26 @@ def vocabulary_statistics(
         [[0, chunks * chunk - vocabulary_size], [0, 0]],
     )
     temperature = float(temperature)
+    # 1.0: exactly the paper's rule; a tensor, so that a compiled chunk
+    # (PyTorch) serves every temperature.
+    scale = None if temperature == 1.0 else ops.convert_to_tensor(temperature)
+    update = _chunk_update
+    if keras.config.backend() == "torch" and chunks >= TORCH_COMPILE_CHUNKS:
+        from keras_mhf.utils.torch_compile import compiled
+
+        update = compiled(_chunk_update)
+    limit = vocabulary_size if padded else None
 
     def body(c, carry):
-        running_max, total, best, best_id = carry
-        rows = ops.slice(table, [c * chunk, 0], [chunk, num_hashes])
-        scores = sum_over_heads(
-            num_hashes, lambda i: ops.take(columns[i], rows[:, i], axis=0)
-        )  # [chunk, n]
-        if temperature != 1.0:
-            scores = scores / temperature
-        if padded:  # rows past the vocabulary never count
-            ids = c * chunk + ops.arange(chunk, dtype="int32")
-            real = (ids < vocabulary_size)[:, None]
-            scores = ops.where(real, scores, float("-inf"))
-        chunk_max = ops.max(scores, axis=0)
-        new_max = ops.maximum(running_max, chunk_max)
-        total = total * ops.exp(running_max - new_max) + ops.sum(
-            ops.exp(scores - new_max[None, :]), axis=0
-        )
-        if with_argmax:
-            chunk_id = ops.cast(ops.argmax(scores, axis=0), "int32")
-            chunk_id = chunk_id + c * chunk
-            best_id = ops.where(chunk_max > best, chunk_id, best_id)
-        best = ops.maximum(best, chunk_max)
-        return new_max, total, best, best_id
+        start = c * chunk
+        rows = ops.slice(table, [start, 0], [chunk, num_hashes])
+        first = ops.convert_to_tensor(start, "int32")
+        return update(columns, rows, first, carry, scale, limit, with_argmax)
 
-    minus_inf = ops.full((positions,), float("-inf"), "float32")
     init = (
-        minus_inf,
+        ops.full((positions,), float("-inf"), "float32"),
         ops.zeros((positions,), "float32"),
-        minus_inf,
+        ops.full((positions,), float("-inf"), "float32"),
         ops.full((positions,), -1, "int32"),
     )
     running_max, total, best, best_id = ops.fori_loop(0, chunks, body, init)
@@ -208,6 +202,35 @@ def vocabulary_statistics(
         ops.reshape(best - normaliser, batch_shape),
         ops.reshape(best_id, batch_shape),
     )
+
+
+def _chunk_update(columns, rows, first, carry, temperature, limit, argmax):
+    """One chunk of `vocabulary_statistics`: the scores of the tokens
+    `first, first + 1, ...` whose signatures are `rows [chunk, H]` (divided
+    by `temperature` unless it is `None`), folded into the running `(max,
+    sum of exp, best, best id)` per position (an online log-sum-exp). Rows
+    from `limit` on are padding and never count; with `argmax` off the best
+    id is left as it is."""
+    running_max, total, best, best_id = carry
+    chunk, num_hashes = rows.shape
+    scores = sum_over_heads(
+        num_hashes, lambda i: ops.take(columns[i], rows[:, i], axis=0)
+    )  # [chunk, n]
+    if temperature is not None:
+        scores = scores / temperature
+    if limit is not None:
+        ids = first + ops.arange(chunk, dtype="int32")
+        scores = ops.where((ids < limit)[:, None], scores, float("-inf"))
+    chunk_max = ops.amax(scores, axis=0)
+    new_max = ops.maximum(running_max, chunk_max)
+    total = total * ops.exp(running_max - new_max) + ops.sum(
+        ops.exp(scores - new_max[None, :]), axis=0
+    )
+    if argmax:
+        chunk_id = ops.cast(ops.argmax(scores, axis=0), "int32") + first
+        best_id = ops.where(chunk_max > best, chunk_id, best_id)
+    best = ops.maximum(best, chunk_max)
+    return new_max, total, best, best_id
 
 
 # --- The inverted bucket index --------------------------------------------
