@@ -51,6 +51,7 @@ def build(
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models import StandardCausalLM
     from keras_mhf.models import standard_backbone
+    from keras_mhf.utils.keras_utils import memory_lean
 
     keras.utils.set_random_seed(0)
     if mode in ("standard", "standard_trunk"):
@@ -77,7 +78,10 @@ def build(
     if mode in TRUNKS:
         backbone = model.backbone
         model = keras.Model(backbone.input, backbone.output)
-        model.compile(optimizer=keras.optimizers.AdamW(1e-4), loss="mse")
+        # As the tasks' `compile` does (PyTorch: updates in groups).
+        model.compile(
+            optimizer=memory_lean(keras.optimizers.AdamW(1e-4)), loss="mse"
+        )
         y = np.zeros((batch, sequence_length, backbone.hidden_dim), "float32")
     else:
         model.compile(optimizer=keras.optimizers.AdamW(1e-4))

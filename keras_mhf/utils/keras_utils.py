@@ -251,6 +251,23 @@ def rematerialized(variables, function):
     return lambda *tensors: call(values, *tensors)
 
 
+def memory_lean(optimizer):
+    """`optimizer`, updating its variables with small temporaries: on
+    PyTorch in groups (`keras_mhf.utils.torch_optimizers`; Keras' update
+    copies all the parameters several times over), elsewhere as it is (XLA
+    fuses the update). The same weights either way; a loss-scale
+    optimizer's inner optimizer is the one changed. Returns `optimizer`."""
+    outer, optimizer = (
+        optimizer,
+        getattr(optimizer, "inner_optimizer", optimizer),
+    )
+    if keras.config.backend() == "torch" and optimizer is not None:
+        from keras_mhf.utils.torch_optimizers import update_in_groups
+
+        update_in_groups(optimizer)
+    return outer
+
+
 def dense_layout(x):
     """`x` stored densely in its own axis order. PyTorch's `transpose` is a
     strided view, so gathering rows of a transposed tensor reads memory with

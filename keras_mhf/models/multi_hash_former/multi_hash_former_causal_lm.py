@@ -204,6 +204,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             sampler=sampler,
             **kwargs,
         )
+        keras_utils.memory_lean(self.optimizer)
         fused_loss.uses_fused_head(self)  # refuses what it cannot fuse
         if loss == "auto" and weighted_metrics == "auto":
             if "metrics" not in kwargs:

@@ -11,6 +11,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.standard.standard_backbone import StandardBackbone
+from keras_mhf.utils.keras_utils import memory_lean
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -59,6 +60,7 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
                 from_logits=True, reduction="mean_with_sample_weight"
             )
         super().compile(optimizer=optimizer, loss=loss, **kwargs)
+        memory_lean(self.optimizer)
         if default:
             self.build_default_objectives(
                 keras.KerasTensor((None, None), "int32"),
