@@ -290,7 +290,8 @@ def format_table(rows, args):
     )
     flag = {
         "jax": f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`",
-        "torch": f"; `MALLOC_MMAP_THRESHOLD_={TORCH_MMAP_THRESHOLD}`",
+        "torch": f"; `MALLOC_MMAP_THRESHOLD_={TORCH_MMAP_THRESHOLD}`; "
+        "AdamW updates in groups of <= 64 MiB (`keras_utils.memory_lean`)",
     }.get(backend, "")
     lines = [f"# Training memory of the cascade head ({backend})", ""]
     if args.xla_analysis:

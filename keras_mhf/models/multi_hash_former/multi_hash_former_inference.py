@@ -156,10 +156,6 @@ def vocabulary_statistics(
     log_probs = ops.reshape(log_probs, (-1, num_hashes, num_buckets))
     targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
     positions = ops.shape(log_probs)[0]
-    columns = [
-        dense_layout(ops.transpose(log_probs[:, i, :]))
-        for i in range(num_hashes)
-    ]
     static = log_probs.shape[0]
     chunk = _scan_chunk(static if isinstance(static, int) else None)
     chunks = -(-vocabulary_size // chunk)
@@ -172,11 +168,12 @@ def vocabulary_statistics(
     # 1.0: exactly the paper's rule; a tensor, so that a compiled chunk
     # (PyTorch) serves every temperature.
     scale = None if temperature == 1.0 else ops.convert_to_tensor(temperature)
-    update = _chunk_update
+    layout, update = _head_columns, _chunk_update
     if keras.config.backend() == "torch" and chunks >= TORCH_COMPILE_CHUNKS:
         from keras_mhf.utils.torch_compile import compiled
 
-        update = compiled(_chunk_update)
+        layout, update = compiled(_head_columns), compiled(_chunk_update)
+    columns = layout(log_probs)
     limit = vocabulary_size if padded else None
 
     def body(c, carry):
@@ -202,6 +199,17 @@ def vocabulary_statistics(
         ops.reshape(best - normaliser, batch_shape),
         ops.reshape(best_id, batch_shape),
     )
+
+
+def _head_columns(log_probs):
+    """Per-position log-probs `[n, H, B]` -> each head's laid out `[B, n]`,
+    so that gathering a chunk of tokens reads whole contiguous rows. (The
+    eager PyTorch transpose copy took 72 ms per head at n = 1,024, B =
+    16,384, 2 cores; compiled, about half.)"""
+    return [
+        dense_layout(ops.transpose(log_probs[:, i, :]))
+        for i in range(log_probs.shape[1])
+    ]
 
 
 def _chunk_update(columns, rows, first, carry, temperature, limit, argmax):
