@@ -16,10 +16,13 @@ def scaled_sum(x, scale):
 
 
 def test_compiled_gives_the_function_s_numbers():
+    from torch._dynamo.utils import counters
+
     from keras_mhf.utils.torch_compile import compiled
 
     assert compiled(scaled_sum) is compiled(scaled_sum)
     rng = np.random.default_rng(0)
+    graphs = counters["stats"]["unique_graphs"]
     for rows in (3, 7):  # dynamic shapes: one program for both
         x = keras.ops.convert_to_tensor(rng.normal(size=(rows, 5)), "float32")
         np.testing.assert_allclose(
@@ -27,6 +30,7 @@ def test_compiled_gives_the_function_s_numbers():
             keras.ops.convert_to_numpy(scaled_sum(x, 2.0)),
             rtol=1e-6,
         )
+    assert counters["stats"]["unique_graphs"] == graphs + 1
 
 
 def test_a_failed_compilation_warns_and_runs_eagerly(monkeypatch):
