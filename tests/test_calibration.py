@@ -10,6 +10,7 @@ from keras_mhf import calibration
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
+from keras_mhf.models.next_token_scorer import NextTokenScorer
 
 
 def to_numpy(x):
@@ -45,7 +46,33 @@ def test_score_is_log_softmax_of_scaled_raw_sums(tiny_lm, corpus):
     raw = to_numpy(tiny_lm.token_scores(hidden))
     paper = to_numpy(tiny_lm.score(ids, mask))
     np.testing.assert_allclose(paper, log_softmax(raw), atol=1e-5)
-    tiny_lm.scoring_temperature = 2.5
+    # The compiled scorers take the temperature as an input: after a change
+    # they run the same program and give the new numbers.
+    scorer = NextTokenScorer.for_model(tiny_lm)
+
+    def compiled_scores():
+        picked, _, best = scorer(ids, mask)
+        loss = to_numpy(
+            tiny_lm.score(ids, mask, scoring_mode="loss", target_ids=ids)
+        )
+        return picked, best, loss
+
+    programs = []
+    for tau in (1.0, 2.5):
+        tiny_lm.scoring_temperature = tau
+        picked, best, loss = compiled_scores()
+        cache = NextTokenScorer._cache[tiny_lm]
+        programs.append([cache[8].model, cache["loss"]])
+        expected = log_softmax(raw / tau)
+        on_next = np.take_along_axis(expected[:, :-1], ids[:, 1:, None], -1)
+        on_next = on_next[..., 0]
+        real = mask[:, 1:] > 0
+        np.testing.assert_allclose(picked[real], on_next[real], atol=1e-5)
+        top = expected.max(-1)[:, :-1]
+        np.testing.assert_allclose(best[real], top[real], atol=1e-5)
+        on_same = np.take_along_axis(expected, ids[..., None], -1)[..., 0]
+        np.testing.assert_allclose(loss, -on_same, atol=1e-5)
+    assert programs[0] == programs[1] and programs[0][0] is scorer.model
     scaled = to_numpy(tiny_lm.score(ids, mask))
     np.testing.assert_allclose(scaled, log_softmax(raw / 2.5), atol=1e-5)
     # Generation sees the same distribution (every sampler reads it).

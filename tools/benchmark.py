@@ -499,7 +499,7 @@ def main(argv=None):
         return
     if args.smoke and args.inference in ("vocabulary", "fallback"):
         args.vocab, args.mhf_architecture, args.new_tokens = (
-            [512, 2048],
+            [512],
             "tiny_h3b64",
             4,
         )

@@ -46,16 +46,19 @@ class CausalLMHead(keras.layers.Layer):
 
 
 class _NextTokenHead(CausalLMHead):
-    """Final hidden states and token ids -> per-position statistics of the
-    next token: `(log_prob [b, s-1], is_argmax [b, s-1], max_log_prob
-    [b, s-1])`, all float32."""
+    """Final hidden states and token ids (and, for MHF, the scoring
+    temperature per row) -> per-position statistics of the next token:
+    `(log_prob [b, s-1], is_argmax [b, s-1], max_log_prob [b, s-1])`, all
+    float32."""
 
-    def call(self, hidden_states, token_ids):
+    def call(self, hidden_states, token_ids, temperature=None):
         hidden_states = hidden_states[:, :-1]
         targets = ops.cast(token_ids[:, 1:], "int32")
         statistics = getattr(self.causal_lm, "next_token_statistics", None)
         if statistics is not None:  # MHF: never forms [b, s, V]
-            picked, best, argmax = statistics(hidden_states, targets)
+            picked, best, argmax = statistics(
+                hidden_states, targets, temperature=temperature[0]
+            )
             return picked, ops.cast(argmax == targets, "float32"), best
         log_probs = self.causal_lm.token_log_probs(hidden_states)
         picked = ops.take_along_axis(log_probs, targets[..., None], axis=-1)
@@ -63,7 +66,7 @@ class _NextTokenHead(CausalLMHead):
         is_argmax = ops.argmax(log_probs, axis=-1) == targets
         return picked[..., 0], ops.cast(is_argmax, "float32"), best
 
-    def compute_output_spec(self, hidden_states, token_ids):
+    def compute_output_spec(self, hidden_states, token_ids, temperature=None):
         batch, length = token_ids.shape[0], token_ids.shape[1]
         length = None if length is None else length - 1
         return tuple(
@@ -73,17 +76,21 @@ class _NextTokenHead(CausalLMHead):
 
 
 class _TargetLossHead(CausalLMHead):
-    """Final hidden states and target ids -> per-position negative
-    log-likelihood of the targets `[b, s]` (float32), through the model's
-    `next_token_statistics` (MHF: never forms `[b, s, V]`)."""
+    """Final hidden states, target ids and the scoring temperature per row
+    -> per-position negative log-likelihood of the targets `[b, s]`
+    (float32), through the model's `next_token_statistics` (MHF: never
+    forms `[b, s, V]`)."""
 
-    def call(self, hidden_states, target_ids):
+    def call(self, hidden_states, target_ids, temperature):
         picked, _, _ = self.causal_lm.next_token_statistics(
-            hidden_states, ops.cast(target_ids, "int32"), with_argmax=False
+            hidden_states,
+            ops.cast(target_ids, "int32"),
+            with_argmax=False,
+            temperature=temperature[0],
         )
         return -picked
 
-    def compute_output_spec(self, hidden_states, target_ids):
+    def compute_output_spec(self, hidden_states, target_ids, temperature):
         return keras.KerasTensor(target_ids.shape, dtype="float32")
 
 
@@ -101,9 +108,21 @@ def scoring_model(inputs, outputs):
     return model
 
 
+def temperature_input():
+    """A compiled scorer's temperature input: `scoring_temperature` once
+    per row (`temperature_rows` feeds it), so that changing the temperature
+    (calibration, `paper_rule`) never compiles a scorer again."""
+    return keras.Input((), dtype="float32", name="temperature")
+
+
+def temperature_rows(causal_lm, rows):
+    """The `temperature_input` value for a batch of `rows`."""
+    return np.full((rows,), causal_lm.scoring_temperature, "float32")
+
+
 def target_losses(causal_lm, token_ids, padding_mask, target_ids):
     """`score(..., scoring_mode="loss")` of a MultiHashFormer, compiled: a
-    function of the model built once (and kept until `forget_scorers`), so
+    function of the model built once (and kept until `forget_compiled`), so
     repeated calls of one shape run one compiled program instead of tracing
     the vocabulary scan eagerly every time. Inputs are checked by the
     caller; returns float32 numpy `[b, s]`."""
@@ -112,14 +131,19 @@ def target_losses(causal_lm, token_ids, padding_mask, target_ids):
         ids = keras.Input((None,), dtype="int32", name="token_ids")
         mask = keras.Input((None,), dtype="int32", name="padding_mask")
         targets = keras.Input((None,), dtype="int32", name="target_ids")
+        temperature = temperature_input()
         hidden = causal_lm.backbone({"token_ids": ids, "padding_mask": mask})
-        losses = _TargetLossHead(causal_lm)(hidden, targets)
-        scorers["loss"] = scoring_model([ids, mask, targets], losses)
+        losses = _TargetLossHead(causal_lm)(hidden, targets, temperature)
+        scorers["loss"] = scoring_model(
+            [ids, mask, targets, temperature], losses
+        )
+    token_ids = np.asarray(ops.convert_to_numpy(token_ids), "int32")
     out = scorers["loss"].predict_on_batch(
         [
-            np.asarray(ops.convert_to_numpy(token_ids), "int32"),
+            token_ids,
             np.asarray(ops.convert_to_numpy(padding_mask), "int32"),
             np.asarray(ops.convert_to_numpy(target_ids), "int32"),
+            temperature_rows(causal_lm, len(token_ids)),
         ]
     )
     return np.asarray(ops.convert_to_numpy(out), "float32")
@@ -127,7 +151,7 @@ def target_losses(causal_lm, token_ids, padding_mask, target_ids):
 
 def forget_compiled(causal_lm):
     """Drops a model's compiled generation function and scorers: they
-    captured its settings (e.g. the scoring temperature) or weights."""
+    captured its weights' structure (e.g. after quantization)."""
     causal_lm.generate_function = None
     NextTokenScorer._cache.pop(causal_lm, None)
 
@@ -163,8 +187,16 @@ class NextTokenScorer:
         hidden = causal_lm.backbone(
             {"token_ids": token_ids, "padding_mask": padding_mask}
         )
-        outputs = _NextTokenHead(causal_lm)(hidden, token_ids)
-        self.model = scoring_model([token_ids, padding_mask], outputs)
+        # MHF: the temperature is an input, so one program serves every
+        # temperature.
+        self.takes_temperature = hasattr(causal_lm, "next_token_statistics")
+        temperature = temperature_input() if self.takes_temperature else None
+        outputs = _NextTokenHead(causal_lm)(hidden, token_ids, temperature)
+        inputs = [token_ids, padding_mask]
+        self.model = scoring_model(
+            inputs + [temperature] if self.takes_temperature else inputs,
+            outputs,
+        )
 
     @property
     def causal_lm(self):
@@ -202,7 +234,10 @@ class NextTokenScorer:
             ids[:rows, :length] = token_ids[start : start + rows]
             mask[:rows, :length] = padding_mask[start : start + rows]
             mask[rows:, 0] = 1  # pad rows: one real token, never read
-            result = self.model.predict_on_batch([ids, mask])
+            inputs = [ids, mask]
+            if self.takes_temperature:
+                inputs.append(temperature_rows(self.causal_lm, len(ids)))
+            result = self.model.predict_on_batch(inputs)
             for output, values in zip(outputs, result):
                 values = np.asarray(ops.convert_to_numpy(values))
                 output.append(values[:rows, : length - 1])

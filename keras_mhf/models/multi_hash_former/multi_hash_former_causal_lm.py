@@ -24,7 +24,6 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
 from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor import (
     MultiHashFormerCausalLMPreprocessor,
 )
-from keras_mhf.models.next_token_scorer import forget_compiled
 from keras_mhf.models.next_token_scorer import target_losses
 from keras_mhf.models.preset_consistency import check_preset_consistency
 from keras_mhf.utils import keras_utils
@@ -130,7 +129,9 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     @scoring_temperature.setter
     def scoring_temperature(self, value):
         self._scoring_temperature = keras_utils.check_temperature(value)
-        forget_compiled(self)
+        # Compiled scorers take the temperature as an input; only
+        # generation holds it.
+        self.generate_function = None
 
     def resolved_candidate_buckets(self):
         """`K`, the buckets per head searched by `decoding="candidates"`."""
@@ -263,13 +264,19 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             *inference.heads(self, hidden_states), self.scoring_temperature
         )
 
-    def next_token_statistics(self, hidden_states, targets, with_argmax=True):
+    def next_token_statistics(
+        self, hidden_states, targets, with_argmax=True, temperature=None
+    ):
         """`(log p(target), top log-prob, argmax id)` per position, never
-        forming `[..., V]`."""
+        forming `[..., V]`, at `temperature` (a scalar tensor lets a
+        compiled scorer serve every temperature; default: the model's
+        `scoring_temperature`)."""
+        if temperature is None:
+            temperature = self.scoring_temperature
         return inference.vocabulary_statistics(
             *inference.heads(self, hidden_states),
             targets,
-            self.scoring_temperature,
+            temperature,
             with_argmax=with_argmax,
         )
 

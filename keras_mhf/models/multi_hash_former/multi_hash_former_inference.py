@@ -144,7 +144,8 @@ def vocabulary_statistics(
         log_probs: float32 `[..., H, B]` per-head log-probs.
         signatures: int `[V, H]`, the signature table.
         targets: int `[...]` token ids.
-        temperature: the scoring temperature `tau`.
+        temperature: the scoring temperature `tau`, a number or a scalar
+            tensor.
         with_argmax: if `False`, the argmax is not tracked (returned as -1).
 
     Returns:
@@ -164,10 +165,16 @@ def vocabulary_statistics(
         ops.cast(signatures, "int32"),
         [[0, chunks * chunk - vocabulary_size], [0, 0]],
     )
-    temperature = float(temperature)
-    # 1.0: exactly the paper's rule; a tensor, so that a compiled chunk
-    # (PyTorch) serves every temperature.
-    scale = None if temperature == 1.0 else ops.convert_to_tensor(temperature)
+    # A number 1.0: exactly the paper's rule, no division. Otherwise a
+    # tensor, so that a compiled chunk (PyTorch) or scorer serves every
+    # temperature (dividing by a tensor 1.0 is exact too).
+    if isinstance(temperature, (int, float)):
+        temperature = float(temperature)
+        scale = None if temperature == 1.0 else temperature
+    else:
+        scale = temperature
+    if scale is not None:
+        scale = ops.cast(scale, "float32")
     layout, update = _head_columns, _chunk_update
     if keras.config.backend() == "torch" and chunks >= TORCH_COMPILE_CHUNKS:
         from keras_mhf.utils.torch_compile import compiled
@@ -192,8 +199,8 @@ def vocabulary_statistics(
     normaliser = running_max + ops.log(total)
     target_rows = ops.take(table, targets, axis=0)[:, None, :]
     target = token_scores(log_probs, target_rows, per_position=True)[:, 0]
-    if temperature != 1.0:
-        target = target / temperature
+    if scale is not None:
+        target = target / scale
     return (
         ops.reshape(target - normaliser, batch_shape),
         ops.reshape(best - normaliser, batch_shape),
