@@ -273,12 +273,17 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         `scoring_temperature`)."""
         if temperature is None:
             temperature = self.scoring_temperature
-        return inference.vocabulary_statistics(
-            *inference.heads(self, hidden_states),
-            targets,
+        decoder = self.hash_decoder
+        states = ops.reshape(hidden_states, (-1, decoder.hidden_dim))
+        target, best, best_id = inference.logit_statistics(
+            decoder.head_logits(states),
+            self.backbone.signature_lookup.signatures,
+            ops.reshape(targets, (-1,)),
             temperature,
             with_argmax=with_argmax,
         )
+        shape = ops.shape(targets)
+        return tuple(ops.reshape(x, shape) for x in (target, best, best_id))
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """KerasHub's cached forward pass: `(token_log_probs [b, s, V],

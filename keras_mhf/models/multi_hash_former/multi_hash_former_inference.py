@@ -138,7 +138,8 @@ def vocabulary_statistics(
     log-sum-exp; each head's log-probs are laid out `[B, n]` so that gathering
     a chunk of tokens reads whole contiguous rows. The same numbers as
     `token_log_probs` (to float32 rounding of the normaliser); argmax ties go
-    to the lowest token id.
+    to the lowest token id. `logit_statistics` does the same from the
+    cascade's per-head logits.
 
     Args:
         log_probs: float32 `[..., H, B]` per-head log-probs.
@@ -151,13 +152,35 @@ def vocabulary_statistics(
     Returns:
         `(target, best, best_id)`, each `[...]`.
     """
+    num_hashes, num_buckets = log_probs.shape[-2:]
+    log_probs = ops.reshape(log_probs, (-1, num_hashes, num_buckets))
+    heads = [log_probs[:, i, :] for i in range(num_hashes)]
+    return _scan(heads, False, signatures, targets, temperature, with_argmax)
+
+
+def logit_statistics(
+    head_logits, signatures, targets, temperature=1.0, with_argmax=True
+):
+    """`vocabulary_statistics` from the cascade's bucket logits, a list of
+    the `H` heads' `[n, B]` (`CascadeHashDecoder.head_logits`) for flat
+    `targets [n]`: each head's log-softmax (Sec. 3.3) is taken with its
+    `[B, n]` layout, so the heads are never stacked into `[n, H, B]` (on
+    PyTorch, 1,024 positions at H4 B16384: the stack and the separate
+    log-softmax cost 185 ms of a 1 s score)."""
+    return _scan(
+        head_logits, True, signatures, targets, temperature, with_argmax
+    )
+
+
+def _scan(heads, normalise, signatures, targets, temperature, with_argmax):
+    """The vocabulary scan behind `vocabulary_statistics` and
+    `logit_statistics`: `heads` are the `H` heads' `[n, B]` log-probs, or
+    logits when `normalise`."""
     batch_shape = ops.shape(targets)
     vocabulary_size, num_hashes = signatures.shape
-    num_buckets = log_probs.shape[-1]
-    log_probs = ops.reshape(log_probs, (-1, num_hashes, num_buckets))
     targets = ops.reshape(ops.cast(targets, "int32"), (-1,))
-    positions = ops.shape(log_probs)[0]
-    static = log_probs.shape[0]
+    positions = ops.shape(heads[0])[0]
+    static = heads[0].shape[0]
     chunk = _scan_chunk(static if isinstance(static, int) else None)
     chunks = -(-vocabulary_size // chunk)
     padded = chunks * chunk != vocabulary_size
@@ -180,7 +203,7 @@ def vocabulary_statistics(
         from keras_mhf.utils.torch_compile import compiled
 
         layout, update = compiled(_head_columns), compiled(_chunk_update)
-    columns = layout(log_probs)
+    columns = layout(heads, normalise)
     limit = vocabulary_size if padded else None
 
     def body(c, carry):
@@ -197,8 +220,14 @@ def vocabulary_statistics(
     )
     running_max, total, best, best_id = ops.fori_loop(0, chunks, body, init)
     normaliser = running_max + ops.log(total)
-    target_rows = ops.take(table, targets, axis=0)[:, None, :]
-    target = token_scores(log_probs, target_rows, per_position=True)[:, 0]
+    # The targets' scores from the same columns, in head order.
+    target_rows = ops.take(table, targets, axis=0)
+    target = sum_over_heads(
+        num_hashes,
+        lambda i: ops.take_along_axis(
+            columns[i], target_rows[None, :, i], axis=0
+        )[0],
+    )
     if scale is not None:
         target = target / scale
     return (
@@ -208,15 +237,15 @@ def vocabulary_statistics(
     )
 
 
-def _head_columns(log_probs):
-    """Per-position log-probs `[n, H, B]` -> each head's laid out `[B, n]`,
-    so that gathering a chunk of tokens reads whole contiguous rows. (The
-    eager PyTorch transpose copy took 72 ms per head at n = 1,024, B =
-    16,384, 2 cores; compiled, about half.)"""
-    return [
-        dense_layout(ops.transpose(log_probs[:, i, :]))
-        for i in range(log_probs.shape[1])
-    ]
+def _head_columns(heads, normalise):
+    """The `H` heads' `[n, B]` log-probs (logits when `normalise`: their
+    `head_log_probs` is taken here) -> each laid out `[B, n]`, so that
+    gathering a chunk of tokens reads whole contiguous rows. (The eager
+    PyTorch transpose copy took 72 ms per head at n = 1,024, B = 16,384, 2
+    cores; compiled, about half, with the log-softmax in the same pass.)"""
+    if normalise:
+        heads = [head_log_probs(head) for head in heads]
+    return [dense_layout(ops.transpose(head)) for head in heads]
 
 
 def _chunk_update(columns, rows, first, carry, temperature, limit, argmax):
