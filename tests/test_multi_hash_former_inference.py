@@ -75,16 +75,28 @@ def test_chunked_token_statistics_equal_the_full_log_probs(
     expected = ops.convert_to_numpy(
         ops.log_softmax(ops.convert_to_tensor(raw / temperature), axis=-1)
     )
-    target, best, argmax = (
-        np.asarray(ops.convert_to_numpy(x))
-        for x in inference.vocabulary_statistics(
+    # From the heads' log-probs `[..., H, B]`, and from the cascade's
+    # per-head logits `[n, B]`, normalised inside the scan.
+    flat = logits.reshape(-1, 3, 64)
+    for statistics in (
+        inference.vocabulary_statistics(
             head(logits), table.signatures, targets, temperature
+        ),
+        inference.logit_statistics(
+            [ops.convert_to_tensor(flat[:, i]) for i in range(3)],
+            table.signatures,
+            targets.reshape(-1),
+            temperature,
+        ),
+    ):
+        target, best, argmax = (
+            np.asarray(ops.convert_to_numpy(x)).reshape(targets.shape)
+            for x in statistics
         )
-    )
-    np.testing.assert_allclose(
-        target,
-        np.take_along_axis(expected, targets[..., None], -1)[..., 0],
-        atol=1e-5,
-    )
-    np.testing.assert_allclose(best, expected.max(-1), atol=1e-5)
-    np.testing.assert_array_equal(argmax, expected.argmax(-1))
+        np.testing.assert_allclose(
+            target,
+            np.take_along_axis(expected, targets[..., None], -1)[..., 0],
+            atol=1e-5,
+        )
+        np.testing.assert_allclose(best, expected.max(-1), atol=1e-5)
+        np.testing.assert_array_equal(argmax, expected.argmax(-1))
