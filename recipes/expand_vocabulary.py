@@ -394,7 +394,7 @@ class Experiment:
                 max_tokens=CALIBRATION_TOKENS,
             )
             result["temperature"] = report["temperature"]
-        # One rule at a time: a model's compiled scorer holds its temperature.
+        # The calibrated rule for every language, then the paper rule.
         for lang in self.evaluated:
             metrics = encoded_document_likelihood(
                 lm, self.encoded[which][lang], 16
