@@ -18,6 +18,14 @@ if [ $# -gt 0 ] && [[ "$1" =~ ^(jax|tensorflow|torch)$ ]]; then
 elif [ $# -gt 0 ] && [ "$1" = large ]; then
   backends=(); shift
 fi
+# JAX: one persistent compilation cache for the run (tests and the recipes
+# they start as subprocesses build the same tiny models again and again;
+# identical computations get identical executables, so no number changes).
+JAX_CACHE="$(mktemp -d)"
+trap 'rm -rf "$JAX_CACHE"' EXIT
+export JAX_COMPILATION_CACHE_DIR="$JAX_CACHE/jax"
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 status=0
 for backend in "${backends[@]}"; do
   echo "=== KERAS_BACKEND=$backend ==="
