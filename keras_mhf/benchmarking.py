@@ -135,6 +135,25 @@ def interleaved_generation_ms_per_token(
 def scoring_tokens_per_s(model, vocabulary_size, batch_size=8, length=128):
     """Tokens per second of `score(..., scoring_mode="loss")` (median of 3
     calls after a warm-up call)."""
+    return interleaved_scoring_tokens_per_s(
+        {"model": model}, vocabulary_size, batch_size, length
+    )["model"]
+
+
+def interleaved_scoring_tokens_per_s(
+    models, vocabulary_size, batch_size=8, length=128, rounds=3
+):
+    """`scoring_tokens_per_s` of several models measured in turns (one call
+    of each per round, after a warm-up call of each) on the same random
+    ids, so that a change in the machine's load between them shows in
+    every model's times alike: `{name: median tokens per second}`.
+
+    Example:
+
+    ```python
+    interleaved_scoring_tokens_per_s({"a": lm_a, "b": lm_b}, 32768)
+    ```
+    """
     import time
 
     import numpy as np
@@ -143,15 +162,24 @@ def scoring_tokens_per_s(model, vocabulary_size, batch_size=8, length=128):
     ids = rng.integers(3, vocabulary_size, size=(batch_size, length + 1))
     ids = ids.astype("int32")
     x, targets = ids[:, :-1], ids[:, 1:]
-    model.score(x, scoring_mode="loss", target_ids=targets)
-    times = []
-    for _ in range(3):
-        start = time.perf_counter()
+
+    def score(model):
         keras.ops.convert_to_numpy(
             model.score(x, scoring_mode="loss", target_ids=targets)
         )
-        times.append(time.perf_counter() - start)
-    return batch_size * length / float(np.median(times))
+
+    for model in models.values():
+        score(model)
+    times = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            start = time.perf_counter()
+            score(model)
+            times[name].append(time.perf_counter() - start)
+    return {
+        name: batch_size * length / float(np.median(t))
+        for name, t in times.items()
+    }
 
 
 def weight_bytes(model):

@@ -105,6 +105,13 @@ def parse_args(argv=None):
         "(tools/head_memory.py); writes OUTPUT_<backend>_v<V>.md",
     )
     p.add_argument("--paper-tokens", nargs="+", type=int, default=[8192])
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="--inference scoring: timed calls of each model, MHF and "
+        "Standard in turns in one process (median)",
+    )
     p.add_argument("--inference-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument(
         "--smoke", action="store_true", help="tiny sizes: checks the tool runs"
@@ -505,6 +512,7 @@ def main(argv=None):
         )
     elif args.smoke and args.inference == "scoring":
         args.vocab, args.mhf_architecture = [512], "tiny_h3b64"
+        args.rounds = 2
     elif args.smoke and args.inference == "quantization":
         args.vocab, args.configs = [512], ["h3b64", "standard"]
         args.hidden_dim, args.num_layers, args.new_tokens = 64, 2, 4
@@ -688,12 +696,16 @@ def _all_fallback(args, vocabulary_size):
     return result
 
 
-def _scoring(args, kind, vocabulary_size):
+def _scoring(args, vocabulary_size, with_standard):
     """`score(..., scoring_mode="loss")` throughput of the MHF at
-    `vocabulary_size` (as `--inference vocabulary` builds it) or of Standard
-    on its trunk, with the analytic forward FLOPs per token of the model
-    (trunk and head; the MHF vocabulary scan's additions are not FLOPs of
-    a matmul and are left out, as the README's generation ratio does)."""
+    `vocabulary_size` (as `--inference vocabulary` builds it) and, with
+    `with_standard`, of Standard on its trunk, the two timed in turns in
+    this process (`--rounds` calls each, median): on 2 shared cores, one
+    process per model read 0.88x to 2.13x for one ratio. Each with the
+    analytic forward FLOPs per token of the model (trunk and head; the MHF
+    vocabulary scan's additions are not FLOPs of a matmul and are left
+    out, as the README's generation ratio does). Returns the result
+    fields of `mhf_score` and, if measured, `standard_score`."""
     import keras
 
     from keras_mhf.models import StandardCausalLM
@@ -701,25 +713,31 @@ def _scoring(args, kind, vocabulary_size):
 
     mhf = _mhf_for_vocabulary(args, vocabulary_size)
     trunk = _trunk_of(mhf)
-    if kind == "standard_score":
+    backbone = mhf.backbone
+    models = {
+        "mhf_score": (mhf, f"h{backbone.num_hashes}b{backbone.num_buckets}")
+    }
+    if with_standard:
         keras.utils.set_random_seed(0)
-        model = StandardCausalLM(
+        standard = StandardCausalLM(
             standard_backbone(vocabulary_size, "tiny", **trunk), None
         )
-        config = "standard"
-    else:
-        model = mhf
-        backbone = mhf.backbone
-        config = f"h{backbone.num_hashes}b{backbone.num_buckets}"
-    flop_trunk = dict(trunk)
+        models["standard_score"] = (standard, "standard")
+    speeds = benchmarking.interleaved_scoring_tokens_per_s(
+        {kind: model for kind, (model, _) in models.items()},
+        vocabulary_size,
+        rounds=args.rounds,
+    )
     return {
-        "config": config,
-        "score_tokens_per_s": benchmarking.scoring_tokens_per_s(
-            model, vocabulary_size
-        ),
-        "forward_flops_per_token": benchmarking.flops_per_token(
-            config, vocabulary_size, flop_trunk, 128, factor=2
-        ),
+        kind: {
+            "config": config,
+            "score_tokens_per_s": speeds[kind],
+            "forward_flops_per_token": benchmarking.flops_per_token(
+                config, vocabulary_size, dict(trunk), 128, factor=2
+            ),
+            "rounds": args.rounds,
+        }
+        for kind, (_, config) in models.items()
     }
 
 
@@ -759,8 +777,12 @@ def inference_worker(kind, vocabulary_size, args):
     from keras_mhf.models import standard_backbone
 
     result = {"kind": kind, "vocabulary_size": vocabulary_size}
-    if kind in ("mhf_score", "standard_score"):
-        result.update(_scoring(args, kind, vocabulary_size))
+    if kind in ("score_pair", "mhf_score"):
+        measured = _scoring(args, vocabulary_size, kind == "score_pair")
+        for name, fields in measured.items():  # one line per model
+            line = {"kind": name, "vocabulary_size": vocabulary_size}
+            print("RESULT " + json.dumps({**line, **fields}), flush=True)
+        return
     elif kind == "mhf_disagree":
         result.update(_all_fallback(args, vocabulary_size))
     elif kind in ("mhf", "mhf_random"):
@@ -830,11 +852,7 @@ def run_inference(args):
     if args.inference in ("vocabulary", "fallback"):
         jobs += [("mhf_disagree", v) for v in args.vocab]
     if args.inference == "scoring":
-        for vocabulary_size in args.vocab:
-            jobs += [
-                ("mhf_score", vocabulary_size),
-                ("standard_score", vocabulary_size),
-            ]
+        jobs += [("score_pair", v) for v in args.vocab]
     if args.inference == "quantization":
         for config in args.configs:
             for mode in ["float32"] + list(args.quantize):
@@ -848,11 +866,15 @@ def run_inference(args):
         args.mhf_architecture,
         "--new-tokens",
         str(args.new_tokens),
+        "--rounds",
+        str(args.rounds),
     ]
     if args.mhf_preset:
         passthrough += ["--mhf-preset", args.mhf_preset]
     results = []
-    for kind, vocabulary_size in jobs:
+    jobs.reverse()
+    while jobs:
+        kind, vocabulary_size = jobs.pop()
         started = time.time()
         done = subprocess.run(
             [
@@ -867,7 +889,7 @@ def run_inference(args):
             capture_output=True,
             text=True,
         )
-        if done.returncode != 0 and kind in ("standard", "standard_score"):
+        if done.returncode != 0 and kind in ("standard", "score_pair"):
             # The Standard baseline at the largest vocabularies may not fit
             # in memory (its embedding is V x d); the report says so.
             why = (
@@ -875,29 +897,32 @@ def run_inference(args):
                 if done.returncode in (-9, 137)
                 else f"exit status {done.returncode}: {done.stderr[-300:]}"
             )
-            if "RESULT " in done.stdout:  # generation was measured
+            if kind == "score_pair":  # the MHF alone, in a new process
+                jobs.append(("mhf_score", vocabulary_size))
+                result = {"kind": "standard_score", "error": why}
+            elif "RESULT " in done.stdout:  # generation was measured
                 result = json.loads(done.stdout.split("RESULT ")[-1])
                 result["score_error"] = why
             else:
-                result = {
-                    "kind": kind,
-                    "vocabulary_size": vocabulary_size,
-                    "error": why,
-                }
-            results.append(result)
+                result = {"kind": kind, "error": why}
+            results.append({"vocabulary_size": vocabulary_size, **result})
             print(f"  {kind:<18} V={vocabulary_size:<8} {why}", flush=True)
             continue
         if done.returncode != 0:
             raise RuntimeError(
                 f"{kind} V={vocabulary_size}:\n{done.stderr[-3000:]}"
             )
-        result = json.loads(done.stdout.split("RESULT ")[-1])
-        results.append(result)
-        print(
-            f"  {kind:<18} V={vocabulary_size:<8} "
-            f"({time.time() - started:.0f} s) {result}",
-            flush=True,
-        )
+        lines = done.stdout.split("RESULT ")[1:]
+        if kind not in ("score_pair", "mhf_score"):
+            lines = lines[-1:]  # a partial result may precede the whole
+        for line in lines:
+            result = json.loads(line)
+            results.append(result)
+            print(
+                f"  {result['kind']:<18} V={vocabulary_size:<8} "
+                f"({time.time() - started:.0f} s) {result}",
+                flush=True,
+            )
     return results
 
 

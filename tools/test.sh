@@ -26,11 +26,21 @@ trap 'rm -rf "$JAX_CACHE"' EXIT
 export JAX_COMPILATION_CACHE_DIR="$JAX_CACHE/jax"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
+# Each backend's pass runs in two pytest-xdist workers, a test module per
+# worker (module fixtures are built once): most of a pass is single-threaded
+# tracing and compiling of tiny models, so two workers share the 2 cores
+# well. MHF_TEST_WORKERS=0 runs a pass in one process. The large step's
+# smokes are multi-threaded runs of whole tools and stay in one process.
+workers="${MHF_TEST_WORKERS:-2}"
+parallel=()
+if [ "$workers" != 0 ]; then
+  parallel=(-n "$workers" --dist loadfile)
+fi
 status=0
 for backend in "${backends[@]}"; do
   echo "=== KERAS_BACKEND=$backend ==="
   KERAS_BACKEND=$backend python -m pytest -q -p no:cacheprovider \
-    --durations=25 "$@"
+    "${parallel[@]}" --durations=25 "$@"
   rc=$?
   if [ $rc -ne 0 ]; then
     echo "=== $backend: pytest exited $rc ==="
