@@ -9,6 +9,6 @@ with _native_logs.filtered_startup():
     from keras_mhf import layers
     from keras_mhf import losses
     from keras_mhf import models
-    from keras_mhf.signature_table import SignatureTable
+    from keras_mhf.signatures.signature_table import SignatureTable
 
 __version__ = "0.1.0"

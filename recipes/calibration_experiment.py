@@ -11,7 +11,7 @@ For every trained MultiHashFormer of the replicate run (`RUNS/seed*/mhf_*`,
 fits, the second half reports, as in `recipes/pretrain.py`):
 
 - `scalar`: the shipped rule, `log_softmax_V(s(w) / tau)` with one `tau`
-  fitted exactly on the fit half (`keras_mhf.calibration.fit_temperature`).
+  fitted exactly on the fit half (`keras_mhf.evaluation.calibration.fit_temperature`).
 - `context`: a context-dependent temperature, `log_softmax_V(s(w) *
   beta(x))` with `beta(x) = softplus(w . phi(x) + c)` a tiny head on the
   final hidden state `phi(x)` (standardised), initialised at the scalar
@@ -69,7 +69,7 @@ def parse_args(argv=None):
 
 def _metrics(logits, targets):
     """Metrics of per-position logits `[n, V]` already scaled."""
-    from keras_mhf.calibration import metrics_at
+    from keras_mhf.evaluation.calibration import metrics_at
 
     return metrics_at(logits, targets, 1.0)
 
@@ -195,9 +195,9 @@ def finetune_decoder(lm, train_blocks, tau, epochs, learning_rate):
 
 def run_model(preset, corpus, args):
     """All methods on one trained model; returns its results dict."""
-    from keras_mhf import calibration
     from keras_mhf.data import WindowSampler
     from keras_mhf.data import validation_windows
+    from keras_mhf.evaluation import calibration
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.pretraining.validation import split_validation_windows
 

@@ -18,7 +18,7 @@ after an interruption and it resumes (finished tasks and recorded examples
 are not scored again; other settings, another preset or a changed task file
 are refused). A progress line with an ETA goes to stderr. The engine is
 `keras_mhf.evaluation.evaluate_preset`; the file format is
-`keras_mhf.evaluation_results`.
+`keras_mhf.evaluation.evaluation_results`.
 """
 
 import argparse

@@ -228,10 +228,10 @@ class Experiment:
         import keras_mhf  # noqa: F401 (registers the MHF classes)
         from keras_mhf.data import pack_documents
         from keras_mhf.evaluation import encode_documents
+        from keras_mhf.expansion.tokenizer_expansion import expand_sentencepiece
+        from keras_mhf.expansion.tokenizer_expansion import in_script
         from keras_mhf.models import MultiHashFormerTokenizer
         from keras_mhf.utils.files import write_atomically
-        from keras_mhf.vocabulary_expansion import expand_sentencepiece
-        from keras_mhf.vocabulary_expansion import in_script
 
         self.args, self.verbose = args, verbose
         self.specs = [(model_name(p), "mhf", p) for p in args.mhf] + [
@@ -472,16 +472,18 @@ class Experiment:
         import keras
         import keras_hub
 
+        from keras_mhf.expansion.tokenizer_expansion import (
+            expand_standard_vocabulary,
+        )
+        from keras_mhf.expansion.tokenizer_expansion import (
+            freeze_for_continual_pretraining,
+        )
         from keras_mhf.pretraining import data_order
         from keras_mhf.pretraining import fit_blocks
         from keras_mhf.pretraining import make_optimizer
         from keras_mhf.pretraining import save_preset
         from keras_mhf.utils.files import write_json
         from keras_mhf.utils.keras_utils import count_trainable_parameters
-        from keras_mhf.vocabulary_expansion import expand_standard_vocabulary
-        from keras_mhf.vocabulary_expansion import (
-            freeze_for_continual_pretraining,
-        )
 
         args = self.args
         started = time.time()

@@ -252,7 +252,7 @@ def join_processes(args):
             f"--process-id must be in 0..{args.num_processes - 1}, got "
             f"{args.process_id}."
         )
-    from keras_mhf.distribution import initialize
+    from keras_mhf.pretraining.distribution import initialize
 
     try:
         initialize(args.coordinator, args.num_processes, args.process_id)

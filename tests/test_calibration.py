@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from keras import ops
 
-from keras_mhf import calibration
+from keras_mhf.evaluation import calibration
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer

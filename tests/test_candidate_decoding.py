@@ -13,7 +13,10 @@ from keras_mhf.layers import SignatureLookup
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models.multi_hash_former import (
-    multi_hash_former_inference as decoding,
+    multi_hash_former_decoding as decoding,
+)
+from keras_mhf.models.multi_hash_former.multi_hash_former_bucket_index import (
+    BucketIndex,
 )
 from tests.conftest import small_proto_bytes
 
@@ -95,7 +98,7 @@ def test_candidate_search_kernel_against_the_full_scan():
     table = SignatureTable.from_tokens(tokens, 3, 64, pad_token_id=0)
     lookup = SignatureLookup(3000, 3, 64, 0, signatures=table)
     lookup.build()
-    index = decoding.BucketIndex(3000, 3, 64)
+    index = BucketIndex(3000, 3, 64)
     index.refresh(lookup)
     signatures = lookup.signatures
     rng = np.random.default_rng(0)

@@ -4,9 +4,9 @@ import sys
 import numpy as np
 import pytest
 
-from keras_mhf import benchmarking
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import count_parameters
+from keras_mhf.models import model_size
 from keras_mhf.models import standard_causal_lm
 from keras_mhf.utils.keras_utils import count_trainable_parameters
 from tests.conftest import REPO
@@ -76,13 +76,13 @@ def test_weight_bytes_int8_tables_about_4x_smaller(small_tokenizer):
     mhf = MultiHashFormerCausalLM.from_tokenizer(
         small_tokenizer, "tiny_h3b64", hidden_dim=256, head_dim=64
     )
-    before = benchmarking.weight_bytes(mhf)
+    before = model_size.weight_bytes(mhf)
     assert before["vocabulary"] == 3 * 64 * 256 * 4
     assert before["total"] == sum(
         int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in mhf.weights
     )
     mhf.quantize("int8")
-    after = benchmarking.weight_bytes(mhf)
+    after = model_size.weight_bytes(mhf)
     # int8 values plus one float32 scale per (padded) row.
     assert after["vocabulary"] == 3 * 64 * (256 + 4)
     assert after["index"] == before["index"]

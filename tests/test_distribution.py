@@ -16,7 +16,7 @@ MULTI_DEVICE = r"""
 import os, sys
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import numpy as np, keras, jax
-from keras_mhf.distribution import make_distribution, check_batch_size
+from keras_mhf.pretraining.distribution import make_distribution, check_batch_size
 from keras_mhf.models import MultiHashFormerCausalLM
 
 
@@ -173,8 +173,8 @@ def test_two_processes_end_with_the_single_process_weights():
 def test_other_backends_refuse_instead_of_training_on_one_device(
     tmp_path, corpus
 ):
-    from keras_mhf.distribution import make_distribution
     from keras_mhf.pretraining import pretrain
+    from keras_mhf.pretraining.distribution import make_distribution
 
     with pytest.raises(ValueError, match="KERAS_BACKEND=jax"):
         make_distribution("data")

@@ -290,7 +290,7 @@ def test_results_stream_and_an_interrupted_evaluation_resumes(
     """Per-example lines are written as examples are scored; a rerun on a
     file cut short (even mid-line) scores only what is missing and gives
     the same numbers; settings or task files that changed are refused."""
-    from keras_mhf.evaluation_results import EvaluationResults
+    from keras_mhf.evaluation.evaluation_results import EvaluationResults
 
     preset = str(tmp_path / "preset")
     tiny_lm.save_to_preset(preset)
@@ -321,7 +321,7 @@ def test_results_stream_and_an_interrupted_evaluation_resumes(
         scored.extend(requests)
         return original(model, tokenizer, requests, *args, **kw)
 
-    monkeypatch.setattr(evaluation, "loglikelihoods", counting)
+    monkeypatch.setattr(evaluation.tasks, "loglikelihoods", counting)
     resumed = evaluation.evaluate_preset(preset, **kwargs)
     assert len(scored) == 3 + 9  # 3 lambada passages, 9 choices
     for key, metrics in whole.items():
@@ -354,7 +354,7 @@ def test_compiled_scorers_are_built_and_release_the_model(small_tokenizer):
 
     import keras
 
-    from keras_mhf.calibration import raw_scores
+    from keras_mhf.evaluation.calibration import raw_scores
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models.next_token_scorer import NextTokenScorer
     from keras_mhf.models.next_token_scorer import target_losses

@@ -13,13 +13,13 @@ from keras import ops
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from keras_mhf.expansion.tokenizer_expansion import expand_sentencepiece
+from keras_mhf.export.transformers import hf_exporter
+from keras_mhf.export.transformers.safetensors_writer import write_safetensors
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import StandardCausalLM
 from keras_mhf.models import standard_causal_lm
-from keras_mhf.utils.transformers import hf_exporter
-from keras_mhf.utils.transformers.safetensors_writer import write_safetensors
-from keras_mhf.vocabulary_expansion import expand_sentencepiece
 from tests.conftest import REPO
 
 TEXTS = [

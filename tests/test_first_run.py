@@ -235,8 +235,9 @@ def test_progress_line_has_an_eta_and_is_silent_by_default(capsys):
 def test_evaluation_and_calibration_report_progress(
     tmp_path, tmp_path_factory, monkeypatch, capsys
 ):
-    from keras_mhf import calibration
     from keras_mhf import evaluation
+    from keras_mhf.evaluation import calibration
+    from keras_mhf.evaluation import scoring
     from keras_mhf.models import MultiHashFormerCausalLM
 
     tokenizer = _tokenizer(
@@ -246,7 +247,7 @@ def test_evaluation_and_calibration_report_progress(
         tokenizer, "tiny_h3b64", sequence_length=16
     )
     immediate = functools.partial(progress_module.Progress, delay=0)
-    monkeypatch.setattr(evaluation, "Progress", immediate)
+    monkeypatch.setattr(scoring, "Progress", immediate)
     monkeypatch.setattr(calibration, "Progress", immediate)
     path = tmp_path / "last_word.jsonl"
     evaluation.write_last_word_file(

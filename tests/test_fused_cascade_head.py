@@ -11,10 +11,8 @@ import pytest
 from keras import ops
 
 from keras_mhf.losses import SignatureCrossEntropy
+from keras_mhf.losses import fused_signature_loss as fused_loss
 from keras_mhf.models import MultiHashFormerCausalLM
-from keras_mhf.models.multi_hash_former import (
-    multi_hash_former_fused_loss as fused_loss,
-)
 
 TOKENS = ["<pad>", "<s>", "</s>"] + [f"w{i}" for i in range(61)]
 

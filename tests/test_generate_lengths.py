@@ -189,7 +189,7 @@ def test_dataset_prompts(lm):
 
 
 def test_token_id_outputs_of_batches_are_padded_to_one_width():
-    from keras_mhf.models.causal_lm_inputs import _pad_to_common_width
+    from keras_mhf.models.generation import _pad_to_common_width
 
     a = {"token_ids": np.ones((1, 3), "int32"), "padding_mask": np.ones((1, 3))}
     b = {"token_ids": np.ones((2, 5), "int32"), "padding_mask": np.ones((2, 5))}

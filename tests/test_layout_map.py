@@ -16,7 +16,7 @@ import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 import warnings
 import numpy as np, keras
-from keras_mhf.distribution import make_distribution
+from keras_mhf.pretraining.distribution import make_distribution
 from keras_mhf.models import MultiHashFormerBackbone, MultiHashFormerCausalLM
 from keras_mhf.models import architecture_config
 from keras_mhf.models.multi_hash_former.multi_hash_former_layout import check_layout_map

@@ -97,7 +97,7 @@ def test_lm_eval_command_on_local_tasks(tiny_lm, small_tokenizer, tmp_path):
         [
             sys.executable,
             "-m",
-            "keras_mhf.lm_eval_adapter",
+            "keras_mhf.evaluation.lm_eval_adapter",
             "--model",
             "keras_mhf",
             "--model_args",

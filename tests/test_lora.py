@@ -208,7 +208,7 @@ def test_errors(base_preset, tokenizer):
 
 
 def test_after_expansion_with_trainable_tables(base_preset, tmp_path):
-    from keras_mhf.vocabulary_expansion import expand_sentencepiece
+    from keras_mhf.expansion.tokenizer_expansion import expand_sentencepiece
 
     new_proto, pieces = expand_sentencepiece(
         small_proto_bytes(),

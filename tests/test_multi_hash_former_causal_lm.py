@@ -13,7 +13,7 @@ from keras_mhf.models import MultiHashFormerBackbone
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
-from keras_mhf.models.multi_hash_former import multi_hash_former_inference
+from keras_mhf.models.multi_hash_former import multi_hash_former_decoding
 from keras_mhf.utils.keras_utils import count_trainable_parameters
 from tests.conftest import small_proto_bytes
 
@@ -191,7 +191,7 @@ def test_generate_stops_at_end_token(tiny_lm):
     assert out[0] == "The cell"
     tiny_lm.compile(sampler="greedy")
     with mock.patch.object(
-        multi_hash_former_inference, "next_token", forced_token
+        multi_hash_former_decoding, "next_token", forced_token
     ):
         out = tiny_lm.generate(["The cell"], max_length=12)
     assert out[0] == "The cell"

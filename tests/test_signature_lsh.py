@@ -3,7 +3,7 @@
 `reference_hash_map` below is a direct, token-by-token re-statement of the
 authors' `initialize_hash_map` (GitHub HUIYINXUE/MHF, `modeling_qwen3.py`;
 authors_code_notes.md Sec. 1.3, 1.5, 1.7), written for this test: it shares
-no code with `keras_mhf.signature_lsh`, which batches stage 2 and recomputes
+no code with `keras_mhf.signatures.signature_lsh`, which batches stage 2 and recomputes
 only near-ties one token at a time.
 """
 

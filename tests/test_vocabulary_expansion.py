@@ -7,11 +7,13 @@ import pytest
 import sentencepiece as spm
 from keras import ops
 
+from keras_mhf.expansion.tokenizer_expansion import expand_sentencepiece
+from keras_mhf.expansion.tokenizer_expansion import expand_standard_vocabulary
+from keras_mhf.expansion.tokenizer_expansion import (
+    freeze_for_continual_pretraining,
+)
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import standard_causal_lm
-from keras_mhf.vocabulary_expansion import expand_sentencepiece
-from keras_mhf.vocabulary_expansion import expand_standard_vocabulary
-from keras_mhf.vocabulary_expansion import freeze_for_continual_pretraining
 from tests.conftest import DATA
 from tests.conftest import REPO
 

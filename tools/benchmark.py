@@ -31,9 +31,9 @@ import subprocess
 import sys
 import time
 
+import benchmarking
 import numpy as np
 
-from keras_mhf import benchmarking
 from keras_mhf.utils.keras_utils import count_trainable_parameters
 
 CONFIGS = {"standard": None, "h3b10624": (3, 10624), "h4b16384": (4, 16384)}

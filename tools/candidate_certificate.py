@@ -36,9 +36,9 @@ def parse_args(argv=None):
 
 
 def trained_model(path, epochs):
+    import benchmarking
     import keras
 
-    from keras_mhf import benchmarking
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.pretraining import fit_blocks
     from keras_mhf.pretraining import make_optimizer
@@ -73,9 +73,9 @@ def trained_model(path, epochs):
 
 
 def grown(small, vocabulary_size):
+    import benchmarking
     import keras
 
-    from keras_mhf import benchmarking
     from keras_mhf.models import MultiHashFormerCausalLM
 
     tokens = benchmarking.synthetic_tokens(32768)

@@ -169,7 +169,8 @@ def print_signatures(args):
 
 
 def print_bytes(args):
-    from keras_mhf import benchmarking
+    import benchmarking
+
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models import StandardCausalLM
     from keras_mhf.models import standard_backbone

@@ -45,9 +45,9 @@ def build(
     mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat
 ):
     """The compiled model of a row and one batch `(x, y)`."""
+    import benchmarking
     import keras
 
-    from keras_mhf import benchmarking
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models import StandardCausalLM
     from keras_mhf.models import standard_backbone

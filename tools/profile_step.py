@@ -149,9 +149,8 @@ def main(argv=None):
         os.environ.get("XLA_FLAGS", "")
         + f" --xla_dump_to={dump_dir} --xla_dump_hlo_as_text"
     )
+    import benchmarking
     import numpy as np
-
-    from keras_mhf import benchmarking
 
     model = benchmarking.benchmark_model(
         args.config,

@@ -2,8 +2,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_mhf.signature_table import SignatureTable
-from keras_mhf.signature_table import check_bucket_ids
+from keras_mhf.signatures.signature_table import SignatureTable
+from keras_mhf.signatures.signature_table import check_bucket_ids
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")

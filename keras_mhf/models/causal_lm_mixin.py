@@ -8,6 +8,7 @@ import keras
 import keras_hub
 
 from keras_mhf.models import causal_lm_inputs
+from keras_mhf.models import generation
 from keras_mhf.utils.keras_utils import in_memory_fit
 
 
@@ -50,7 +51,7 @@ class CausalLMMixin:
         truncate=None,
     ):
         """KerasHub's `generate` with checked lengths (after checking the
-        tokenizer); see `keras_mhf.models.causal_lm_inputs.generate`.
+        tokenizer); see `keras_mhf.models.generation.generate`.
 
         Args:
             inputs: strings (with a preprocessor) or token ids
@@ -74,7 +75,7 @@ class CausalLMMixin:
         ```
         """
         self.check_tokenizer()
-        return causal_lm_inputs.generate(
+        return generation.generate(
             self,
             inputs,
             max_length=max_length,
@@ -120,7 +121,7 @@ class CausalLMMixin:
         `MultiHashFormerCausalLM.from_preset(path)` load it), Standard as a
         stock `Qwen3ForCausalLM`; `config.json`, `model.safetensors`,
         `generation_config.json` and the tokenizer's files. See
-        `keras_mhf.utils.transformers.hf_exporter`.
+        `keras_mhf.export.transformers.hf_exporter`.
 
         Example:
 
@@ -128,7 +129,7 @@ class CausalLMMixin:
         lm.export_to_transformers("exported_hf")
         ```
         """
-        from keras_mhf.utils.transformers import hf_exporter
+        from keras_mhf.export.transformers import hf_exporter
 
         return hf_exporter.export_causal_lm(
             self, path, overwrite, max_position_embeddings

@@ -246,7 +246,7 @@ def _check_extra_layers(config, name, extra_layers):
 def _check_mesh(config, name, mesh):
     if mesh is None:
         return None
-    from keras_mhf.distribution import parse_mesh
+    from keras_mhf.pretraining.distribution import parse_mesh
 
     try:
         parse_mesh(mesh)
@@ -364,7 +364,7 @@ _RULES = (
 
 def process_layout():
     """`(process_index, process_count)` of this process in a multi-process
-    JAX job (`keras_mhf.distribution.initialize`); `(0, 1)` otherwise.
+    JAX job (`keras_mhf.pretraining.distribution.initialize`); `(0, 1)` otherwise.
 
     Example:
 
@@ -454,8 +454,8 @@ def run_scope(config):
     try:
         cache.enter_context(_compilation_cache(config))
         if config.distribution is not None:
-            from keras_mhf.distribution import check_batch_size
-            from keras_mhf.distribution import make_distribution
+            from keras_mhf.pretraining.distribution import check_batch_size
+            from keras_mhf.pretraining.distribution import make_distribution
 
             try:
                 strategy = make_distribution(

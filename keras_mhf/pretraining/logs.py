@@ -32,13 +32,13 @@ import time
 import keras
 import numpy as np
 
-from keras_mhf.calibration import MIN_TOKENS
-from keras_mhf.calibration import fit_temperature
-from keras_mhf.calibration import held_out_blocks
-from keras_mhf.calibration import metrics_at
-from keras_mhf.calibration import raw_scores
-from keras_mhf.evaluation import _perplexity
 from keras_mhf.evaluation import paper_rule
+from keras_mhf.evaluation import perplexity_details
+from keras_mhf.evaluation.calibration import MIN_TOKENS
+from keras_mhf.evaluation.calibration import fit_temperature
+from keras_mhf.evaluation.calibration import held_out_blocks
+from keras_mhf.evaluation.calibration import metrics_at
+from keras_mhf.evaluation.calibration import raw_scores
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
@@ -66,13 +66,13 @@ def calibrated_validation(config, lm, blocks):
 
     One forward pass over the fit windows (at most `CALIBRATION_MAX_TOKENS`
     predicted positions, as the final calibration) and the reported windows
-    (`keras_mhf.calibration.raw_scores`), then the exact fit
+    (`keras_mhf.evaluation.calibration.raw_scores`), then the exact fit
     (`fit_temperature`) and `metrics_at` on the cached scores.
 
     Returns:
         `(temperature, metrics)`, or `None` for Standard runs and fit
         halves shorter than
-        `keras_mhf.calibration.MIN_TOKENS` predicted tokens (the final
+        `keras_mhf.evaluation.calibration.MIN_TOKENS` predicted tokens (the final
         validation warns about those).
 
     Example:
@@ -117,7 +117,7 @@ def write_log_row(config, lm, data, history, step, started):
     """
     blocks = data.validation_blocks
     with paper_rule(lm):  # the temperature is 1.0 in training anyway
-        metrics, nll, _ = _perplexity(
+        metrics, nll, _ = perplexity_details(
             lm, blocks, config.batch_size, progress=False
         )
         calibrated = calibrated_validation(config, lm, blocks)

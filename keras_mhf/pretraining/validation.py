@@ -7,7 +7,7 @@ The paper's rule scores a token by the sum of the `H` heads' log-probs; the
 heads are near-copies, so the sum counts the evidence about `H` times and the
 renormalised distribution is over-sharpened. `MultiHashFormerCausalLM.calibrate`
 fits one temperature `tau` (`log_softmax_V(s(w) / tau)`) that fixes most of
-it (see `keras_mhf.calibration`). Greedy output never changes.
+it (see `keras_mhf.evaluation.calibration`). Greedy output never changes.
 
 Every run, calibrated or not, reports the same windows, so a Standard run, an
 MHF run and an MHF run without calibration (`calibrate=False`) of the same
@@ -17,8 +17,8 @@ settings are compared on identical text.
 import os
 import warnings
 
-from keras_mhf.calibration import MIN_TOKENS
 from keras_mhf.evaluation import perplexity
+from keras_mhf.evaluation.calibration import MIN_TOKENS
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.utils.files import read_json
 from keras_mhf.utils.files import write_json
@@ -54,7 +54,7 @@ def validate_final_model(config, lm, data):
     The temperature is set on `lm`, so a preset saved afterwards stores it.
     Nothing else of the model changes. Calibration is skipped, with a
     warning, when the fit half holds fewer than
-    `keras_mhf.calibration.MIN_TOKENS` predicted tokens.
+    `keras_mhf.evaluation.calibration.MIN_TOKENS` predicted tokens.
 
     Returns:
         dict for the run's summary:

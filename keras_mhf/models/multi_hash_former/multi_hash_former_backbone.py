@@ -17,9 +17,9 @@ from keras_mhf.models.qwen3_decoder_block import TRUNK_OPTIONS
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.models.qwen3_decoder_block import trunk_arguments
 from keras_mhf.models.qwen3_decoder_block import trunk_graph
-from keras_mhf.signature_table import SignatureTable
-from keras_mhf.signature_table import check_num_buckets
-from keras_mhf.signature_table import check_num_lsh
+from keras_mhf.signatures.signature_table import SignatureTable
+from keras_mhf.signatures.signature_table import check_num_buckets
+from keras_mhf.signatures.signature_table import check_num_lsh
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.keras_utils import check_positive_ints
@@ -235,7 +235,7 @@ class MultiHashFormerBackbone(Backbone):
         backbone.export_to_transformers("exported_backbone")
         ```
         """
-        from keras_mhf.utils.transformers import export_multi_hash_former
+        from keras_mhf.export.transformers import export_multi_hash_former
 
         return export_multi_hash_former.export_backbone(
             self, path, overwrite, max_position_embeddings

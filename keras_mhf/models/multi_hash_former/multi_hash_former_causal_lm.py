@@ -5,12 +5,16 @@ import keras
 from keras import ops
 from keras_hub.models import CausalLM
 
+from keras_mhf.losses import fused_signature_loss as fused_loss
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models import quantization
 from keras_mhf.models.causal_lm_inputs import check_score_arguments
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
-    multi_hash_former_fused_loss as fused_loss,
+    multi_hash_former_bucket_index as bucket_index,
+)
+from keras_mhf.models.multi_hash_former import (
+    multi_hash_former_decoding as decoding,
 )
 from keras_mhf.models.multi_hash_former import (
     multi_hash_former_inference as inference,
@@ -91,7 +95,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             keras_utils.argument_names(type(self)),
             allowed=keras_utils.TASK_KWARGS,
         )
-        candidate_buckets = inference.check_decoding(
+        candidate_buckets = decoding.check_decoding(
             decoding, candidate_buckets
         )
         # === Layers ===
@@ -106,13 +110,13 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         super().__init__(inputs=inputs, outputs=outputs, **kwargs)
 
         # === Inference state (derived, never saved) ===
-        self.bucket_index = inference.BucketIndex.for_lookup(
+        self.bucket_index = bucket_index.BucketIndex.for_lookup(
             backbone.signature_lookup, name="bucket_index"
         )
         # tokenization_fingerprint of the last tokenizer that passed.
         self._verified_tokenizer = None
         # Generation steps and how many of them fell back to the full scan.
-        self.decoding_statistics = inference.DecodingStatistics()
+        self.decoding_statistics = decoding.DecodingStatistics()
 
         # === Config ===
         self.scoring_temperature = scoring_temperature
@@ -135,12 +139,12 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     def resolved_candidate_buckets(self):
         """`K`, the buckets per head searched by `decoding="candidates"`."""
-        return inference.resolved_candidate_buckets(self)
+        return decoding.resolved_candidate_buckets(self)
 
     def has_task_weights(self):
         """Whether weights outside the backbone need saving (the derived
         bucket index does not count: a preset holds the backbone's)."""
-        return inference.has_task_weights(self)
+        return bucket_index.has_task_weights(self)
 
     # --- Construction -------------------------------------------------------
 
@@ -171,7 +175,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         checkpoint (`kwargs`: `tokenizer`, `dtype`, `sequence_length`);
         `ValueError` when its files disagree, its weights do not fit, or its
         tokenizer does not match the model."""
-        from keras_mhf.utils.transformers import convert_multi_hash_former
+        from keras_mhf.export.transformers import convert_multi_hash_former
 
         if convert_multi_hash_former.is_authors_checkpoint(preset):
             return convert_multi_hash_former.load_authors_checkpoint(
@@ -288,35 +292,35 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """KerasHub's cached forward pass: `(token_log_probs [b, s, V],
         hidden_states, cache)`, `cache` `[b, layers, 2, max_length, kv, hd]`."""
-        hidden_states, cache = inference.trunk_with_cache(
+        hidden_states, cache = decoding.trunk_with_cache(
             self.backbone, token_ids, cache, cache_update_index
         )
         return self.token_log_probs(hidden_states), hidden_states, cache
 
     def _build_cache(self, token_ids):
         """Builds and seeds the KV cache: `(hidden_states, cache)`."""
-        cache = inference.empty_cache(
+        cache = decoding.empty_cache(
             self.backbone, token_ids, self.compute_dtype
         )
-        return inference.trunk_with_cache(self.backbone, token_ids, cache, 0)
+        return decoding.trunk_with_cache(self.backbone, token_ids, cache, 0)
 
     def generate_step(self, inputs, stop_token_ids=None):
         """One compiled generation call (KerasHub's contract): greedy and
         top-k by `decoding`, other samplers from the full distribution."""
         hidden_states, cache = self._build_cache(inputs["token_ids"])
-        k = inference.sampler_top_k(self.sampler)
+        k = decoding.sampler_top_k(self.sampler)
         if k is None:
-            return inference.sampled_generate_step(
+            return decoding.sampled_generate_step(
                 self, inputs, stop_token_ids, hidden_states, cache
             )
-        return inference.top_k_generate_step(
+        return decoding.top_k_generate_step(
             self, inputs, stop_token_ids, cache, k
         )
 
     def make_generate_function(self):
         """KerasHub's compiled generation, checking the prompt's ids and
         counting fallbacks in `decoding_statistics`."""
-        return inference.cached_generate_function(
+        return decoding.cached_generate_function(
             self, super().make_generate_function
         )
 
@@ -359,8 +363,8 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     ):
         """Fits and sets `scoring_temperature` on held-out `data` (prepared
         data, text files, documents or token blocks); returns the report
-        (`keras_mhf.calibration.calibrate`)."""
-        from keras_mhf.calibration import calibrate
+        (`keras_mhf.evaluation.calibration.calibrate`)."""
+        from keras_mhf.evaluation.calibration import calibrate
 
         return calibrate(self, data, batch_size, sequence_length, max_tokens)
 

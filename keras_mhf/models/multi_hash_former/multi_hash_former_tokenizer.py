@@ -57,7 +57,7 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
         `tokenizer.json`, `tokenizer_config.json`,
         `special_tokens_map.json`) to a new directory: `AutoTokenizer`
         then gives exactly this tokenizer's ids, `<s>` prepended. See
-        `keras_mhf.utils.transformers.sentencepiece_tokenizer_files`.
+        `keras_mhf.export.transformers.sentencepiece_tokenizer_files`.
 
         Example:
 
@@ -65,7 +65,7 @@ class MultiHashFormerTokenizer(SentencePieceTokenizer):
         tokenizer.export_to_transformers("exported_tokenizer")
         ```
         """
-        from keras_mhf.utils.transformers import hf_exporter
+        from keras_mhf.export.transformers import hf_exporter
 
         return hf_exporter.export_tokenizer(self, path, overwrite)
 

@@ -15,7 +15,7 @@ import numpy as np
 from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     parse_architecture,
 )
-from keras_mhf.signature_table import SignatureTable
+from keras_mhf.signatures.signature_table import SignatureTable
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import copy_weights_by_path
 

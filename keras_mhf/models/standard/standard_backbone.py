@@ -129,7 +129,7 @@ class StandardBackbone(Backbone):
         backbone.export_to_transformers("exported_standard_backbone")
         ```
         """
-        from keras_mhf.utils.transformers import export_qwen3
+        from keras_mhf.export.transformers import export_qwen3
 
         return export_qwen3.export_backbone(
             self, path, overwrite, max_position_embeddings

@@ -81,7 +81,7 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
         """Loads a KerasHub preset directory, or a Hugging Face
         `Qwen3ForCausalLM` checkpoint directory (as `export_to_transformers`
         writes; `tokenizer`, `dtype` and `sequence_length` may be given)."""
-        from keras_mhf.utils.transformers import convert_qwen3
+        from keras_mhf.export.transformers import convert_qwen3
 
         if convert_qwen3.is_qwen3_checkpoint(preset):
             return convert_qwen3.load_qwen3_checkpoint(

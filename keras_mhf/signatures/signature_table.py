@@ -10,7 +10,7 @@ import mmh3
 import numpy as np
 
 # Imports torch only when LSH heads are built (`num_lsh > 0`).
-from keras_mhf import signature_lsh
+from keras_mhf.signatures import signature_lsh
 
 RULES = ("unique", "reference", "repeated")
 # Bucket ids are stored and gathered as int32.
@@ -42,7 +42,7 @@ class SignatureTable:
 
     LSH heads (the authors' ablation, paper Sec. 6): with `num_lsh = L > 0`,
     heads `0..L-1` are the authors' locality-sensitive ids of the token's
-    character trigrams (`keras_mhf.signature_lsh`, which needs PyTorch for
+    character trigrams (`keras_mhf.signatures.signature_lsh`, which needs PyTorch for
     their random projections), heads `L..H-2` are MurmurHash3 with seed = head
     index, and the last head (seed `H-1`) is re-hashed on collisions as above.
     With `L == H` (pure LSH) there is no collision handling at all, as in the

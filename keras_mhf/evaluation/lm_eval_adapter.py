@@ -3,13 +3,13 @@
 lm-eval discovers models only through its own built-in table (no plugin
 entry points), so the stock `lm_eval` command cannot see this adapter. Use
 the `keras-mhf-lm-eval` command (installed with the package; also
-`python -m keras_mhf.lm_eval_adapter`), which is lm-eval's own command line
+`python -m keras_mhf.evaluation.lm_eval_adapter`), which is lm-eval's own command line
 with the `keras_mhf` model registered:
 
     keras-mhf-lm-eval --model keras_mhf --model_args preset=runs/mhf/preset \
         --tasks lambada_openai --include_path my_tasks/
 
-From Python, `import keras_mhf.lm_eval_adapter` registers it for
+From Python, `import keras_mhf.evaluation.lm_eval_adapter` registers it for
 `lm_eval.simple_evaluate(model="keras_mhf", ...)`.
 
 Log-likelihoods are computed from log-softmax over the real vocabulary
@@ -62,7 +62,7 @@ class KerasMHFLM(LM):
         bos = self.tokenizer.start_token_id
         for request in requests:
             (text,) = request.args
-            tokens = evaluation._encode(self.tokenizer, text)
+            tokens = evaluation.encode_text(self.tokenizer, text)
             total = 0.0
             windows = map(
                 make_disjoint_window,
@@ -90,7 +90,7 @@ class KerasMHFLM(LM):
             if isinstance(until, str):
                 until = [until]
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-            prompt_length = len(evaluation._encode(self.tokenizer, context)) + 1
+            prompt_length = len(evaluation.encode_text(self.tokenizer, context)) + 1
             text = self.model.generate(
                 context, max_length=prompt_length + max_new, strip_prompt=True
             )

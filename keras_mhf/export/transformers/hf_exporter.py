@@ -13,13 +13,13 @@ import tempfile
 import keras
 import numpy as np
 
-from keras_mhf.utils.files import fsync_directory
-from keras_mhf.utils.files import fsync_file
-from keras_mhf.utils.transformers import weight_names
-from keras_mhf.utils.transformers.safetensors_writer import write_safetensors
-from keras_mhf.utils.transformers.sentencepiece_tokenizer_files import (
+from keras_mhf.export.transformers import weight_names
+from keras_mhf.export.transformers.safetensors_writer import write_safetensors
+from keras_mhf.export.transformers.sentencepiece_tokenizer_files import (
     write_tokenizer_files,
 )
+from keras_mhf.utils.files import fsync_directory
+from keras_mhf.utils.files import fsync_file
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -279,7 +279,7 @@ def export_causal_lm(causal_lm, path, overwrite, max_position_embeddings):
             f"{sorted(CAUSAL_LM_EXPORTERS)}."
         )
     module = importlib.import_module(
-        f"keras_mhf.utils.transformers.{CAUSAL_LM_EXPORTERS[name]}"
+        f"keras_mhf.export.transformers.{CAUSAL_LM_EXPORTERS[name]}"
     )
     return module.export_causal_lm(
         causal_lm, path, overwrite, max_position_embeddings

@@ -1,15 +1,15 @@
 """Reads a stock Hugging Face `Qwen3ForCausalLM` checkpoint (such as
 `export_qwen3` writes) into a `StandardCausalLM`: the trunk is ported with
 KerasHub's own Qwen3 converter, with the strict loader of
-`keras_mhf.utils.transformers.convert_multi_hash_former` (safetensors only; every tensor must
+`keras_mhf.export.transformers.convert_multi_hash_former` (safetensors only; every tensor must
 be used and have the expected shape). `StandardCausalLM.from_preset(path)`
 calls it for such a directory."""
 
 import json
 import os
 
+from keras_mhf.export.transformers import convert_multi_hash_former
 from keras_mhf.utils.keras_private import convert_qwen3
-from keras_mhf.utils.transformers import convert_multi_hash_former
 
 
 def is_qwen3_checkpoint(preset):

@@ -5,6 +5,8 @@ tokenizer's), and the analytic FLOPs per token of either."""
 
 import keras
 
+from keras_mhf.models.model_size import synthetic_tokens
+from keras_mhf.models.model_size import weight_bytes  # noqa: F401
 from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
     MultiHashFormerCausalLM,
 )
@@ -30,13 +32,6 @@ def parse_config(config):
     """`"h4b16384"` -> `(4, 16384)`."""
     h, b = config[1:].split("b")
     return int(h), int(b)
-
-
-def synthetic_tokens(vocabulary_size):
-    """`<unk>`, `<s>`, `</s>` and `tok0, tok1, ...` up to `vocabulary_size`."""
-    return ["<unk>", "<s>", "</s>"] + [
-        f"tok{i}" for i in range(vocabulary_size - 3)
-    ]
 
 
 def benchmark_model(config, vocabulary_size, trunk, seed=0):
@@ -180,47 +175,6 @@ def interleaved_scoring_tokens_per_s(
         name: batch_size * length / float(np.median(t))
         for name, t in times.items()
     }
-
-
-def weight_bytes(model):
-    """Bytes of a model's weights, as stored (int8 / packed int4 values and
-    their float scales after `quantize`).
-
-    Returns:
-        dict with `vocabulary` (MHF: the H bucket tables and their scales;
-        Standard: the tied embedding and its scales), `other` (every other
-        float or quantized weight: trunk, gate, mixers, norms), `index`
-        (MHF's int signature table and candidate-decoding index, not
-        trainable) and `total`.
-    """
-    import numpy as np
-
-    def size(variables):
-        return int(
-            sum(
-                int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize
-                for v in variables
-            )
-        )
-
-    backbone = model.backbone
-    if hasattr(backbone, "hash_encoder"):
-        encoder = backbone.hash_encoder
-        vocabulary = list(encoder.embeddings) + list(
-            getattr(encoder, "embeddings_scale", [])
-        )
-        index = list(backbone.signature_lookup.weights)
-    else:
-        vocabulary, index = list(backbone.token_embedding.weights), []
-    seen = {id(v) for v in vocabulary + index}
-    other = [v for v in model.weights if id(v) not in seen]
-    result = {
-        "vocabulary": size(vocabulary),
-        "other": size(other),
-        "index": size(index),
-    }
-    result["total"] = sum(result.values())
-    return result
 
 
 def synthetic_expansion(vocabulary, vocabulary_size):

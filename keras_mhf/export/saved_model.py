@@ -321,7 +321,7 @@ def _export_via_tensorflow(model, path, include_text_endpoints):
             [
                 sys.executable,
                 "-m",
-                "keras_mhf.export",
+                "keras_mhf.export.saved_model",
                 saved,
                 path,
                 "text" if include_text_endpoints else "ids",
@@ -339,7 +339,7 @@ def _export_via_tensorflow(model, path, include_text_endpoints):
 
 
 def _main(argv):
-    # Run as `python -m keras_mhf.export`: importing the package registered
+    # Run as `python -m keras_mhf.export.saved_model`: importing the package registered
     # the keras_mhf classes before this module ran.
     model = keras.saving.load_model(argv[0])
     _write_saved_model(model, argv[1], argv[2] == "text", verbose=False)

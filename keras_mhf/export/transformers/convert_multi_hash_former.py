@@ -15,14 +15,14 @@ import os
 import numpy as np
 import safetensors
 
+from keras_mhf.export.transformers import weight_names
 from keras_mhf.models.multi_hash_former.multi_hash_former_vocabulary import (
     tokenization_fingerprint,
 )
-from keras_mhf.signature_table import SignatureTable
-from keras_mhf.signature_table import check_bucket_ids
+from keras_mhf.signatures.signature_table import SignatureTable
+from keras_mhf.signatures.signature_table import check_bucket_ids
 from keras_mhf.utils.keras_private import SafetensorLoader
 from keras_mhf.utils.keras_private import convert_qwen3
-from keras_mhf.utils.transformers import weight_names
 
 _REQUIRED = (
     "hidden_size",
@@ -460,6 +460,6 @@ def _port_weights(loader, model, num_hashes, num_buckets, hidden):
 
 
 # Public names for the other Hugging Face readers
-# (`keras_mhf.utils.transformers.convert_qwen3`).
+# (`keras_mhf.export.transformers.convert_qwen3`).
 CheckedLoader = _CheckedLoader
 check_weight_files = _check_weight_files

@@ -9,8 +9,8 @@ lm-eval's `hf` model), and `StandardCausalLM.from_preset(path)` reads it
 back.
 """
 
-from keras_mhf.utils.transformers import hf_exporter
-from keras_mhf.utils.transformers import weight_names
+from keras_mhf.export.transformers import hf_exporter
+from keras_mhf.export.transformers import weight_names
 
 
 def config(backbone, tokenizer=None, max_position_embeddings=32768):

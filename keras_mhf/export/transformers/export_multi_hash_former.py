@@ -26,8 +26,8 @@ does not apply it. `MultiHashFormerCausalLM.from_preset(path)` reads the
 directory back.
 """
 
-from keras_mhf.utils.transformers import hf_exporter
-from keras_mhf.utils.transformers import weight_names
+from keras_mhf.export.transformers import hf_exporter
+from keras_mhf.export.transformers import weight_names
 
 
 def _check(backbone):

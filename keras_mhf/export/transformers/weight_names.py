@@ -1,6 +1,6 @@
 """Hugging Face names of every Keras weight of the Qwen3 trunk and of the
 MultiHashFormer interface: one home for the checkpoint layout of DESIGN §4,
-used by the importer (`keras_mhf.utils.transformers.convert_multi_hash_former`) and by the
+used by the importer (`keras_mhf.export.transformers.convert_multi_hash_former`) and by the
 exporters in this package.
 
 Each entry is `(hf_key, keras_variable, layout)`; `layout` says how the

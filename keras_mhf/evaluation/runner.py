@@ -1,0 +1,167 @@
+"""Evaluation of a saved model on task files: the engine behind
+`keras-mhf evaluate`, resumable through `EvaluationResults`."""
+
+import contextlib
+import os
+import sys
+
+from keras_mhf.evaluation.card660 import rare_word_similarity
+from keras_mhf.evaluation.scoring import perplexity_details
+from keras_mhf.evaluation.tasks import lambada
+from keras_mhf.evaluation.tasks import multiple_choice
+from keras_mhf.models.next_token_scorer import NextTokenScorer
+from keras_mhf.utils.progress import progress_enabled
+
+
+def evaluate_preset(
+    preset,
+    perplexity_files=(),
+    lambada_files=(),
+    multiple_choice_files=(),
+    card660_files=(),
+    sequence_length=128,
+    max_blocks=256,
+    limit=None,
+    batch_size=8,
+    output=None,
+    progress=None,
+):
+    """Loads a MHF or Standard preset and runs the requested evaluations
+    (the engine behind `recipes/evaluate.py`).
+
+    `progress` reports each long task's progress with an ETA on stderr
+    (`None`: the `keras_mhf.utils.progress.show_progress` setting).
+
+    Results are keyed `"<task>:<path as given>"`, so two files with the same
+    name in different folders stay apart. `output` gets one JSON line per
+    example (perplexity: one per block, with its NLL and accuracy) as soon
+    as it is scored, and each task's metrics when it ends
+    (`keras_mhf.evaluation.evaluation_results`); rerun with the same `output`, an
+    interrupted evaluation resumes: finished tasks and recorded examples
+    are not scored again.
+
+    Returns:
+        `{task_key: metrics}`.
+    """
+    import keras_hub
+
+    from keras_mhf.evaluation.evaluation_results import EvaluationResults
+
+    model = keras_hub.models.CausalLM.from_preset(preset)
+    tokenizer = model.preprocessor.tokenizer
+    settings = {
+        "preset": os.path.abspath(preset),
+        "preset_sha256": _preset_sha256(preset),
+        "sequence_length": sequence_length,
+        "max_blocks": max_blocks,
+        "limit": limit,
+    }
+    tasks = (
+        [("perplexity", path) for path in perplexity_files]
+        + [("lambada", path) for path in lambada_files]
+        + [("multiple_choice", path) for path in multiple_choice_files]
+        + [("rare_words", path) for path in card660_files]
+    )
+    if output is None:
+        log = contextlib.nullcontext(None)
+    else:
+        log = EvaluationResults.open(output, settings)
+    results = {}
+    with log as log:
+        for task, path in tasks:
+            stream = None if log is None else log.task(task, path)
+            if stream is not None and stream.metrics is not None:
+                metrics = stream.metrics  # finished in an earlier run
+            else:
+                metrics = _evaluate_task(
+                    model,
+                    tokenizer,
+                    task,
+                    path,
+                    stream,
+                    sequence_length,
+                    max_blocks,
+                    limit,
+                    batch_size,
+                    progress,
+                )
+                if stream is not None:
+                    stream.finish(metrics)
+            results[f"{task}:{path}"] = metrics
+    scorer = NextTokenScorer._cache.get(model, {}).get(batch_size)
+    if scorer is not None and progress_enabled(progress):
+        shapes = sorted(scorer.shapes)
+        sys.stderr.write(
+            f"Scored with {len(shapes)} compiled scoring shapes (batch x "
+            f"length): {', '.join(f'{b}x{n}' for b, n in shapes)}\n"
+        )
+    return results
+
+
+def _preset_sha256(preset):
+    """One sha256 over the preset's config, task and weights files."""
+    import hashlib
+
+    from keras_mhf.utils.files import file_sha256
+
+    digest = hashlib.sha256()
+    for name in ("config.json", "task.json", "model.weights.h5"):
+        path = os.path.join(preset, name)
+        if os.path.exists(path):
+            digest.update(f"{name}:{file_sha256(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def _evaluate_task(
+    model,
+    tokenizer,
+    task,
+    path,
+    stream,
+    sequence_length,
+    max_blocks,
+    limit,
+    batch_size,
+    progress,
+):
+    """One task of `evaluate_preset`: its metrics; per-example records go
+    to `stream` (a `TaskResults`, or `None`)."""
+    if task in ("lambada", "multiple_choice"):
+        run = lambada if task == "lambada" else multiple_choice
+        metrics, _ = run(
+            model, tokenizer, path, batch_size, limit, progress, stream
+        )
+        return metrics
+    if task == "perplexity":
+        import sentencepiece as spm
+
+        from keras_mhf.data import pack_documents
+        from keras_mhf.data import read_documents
+
+        sp = spm.SentencePieceProcessor(model_proto=tokenizer.proto)
+        blocks = pack_documents(
+            read_documents(path),
+            sp.encode,
+            tokenizer.start_token_id,
+            sequence_length,
+        )[:max_blocks]
+        metrics, nll, correct = perplexity_details(
+            model, blocks, batch_size, progress, f"perplexity {path}"
+        )
+        examples = [
+            {
+                "block": i,
+                "loss": float(n.mean()),
+                "accuracy": float(c.mean()),
+                "tokens": int(n.size),
+            }
+            for i, (n, c) in enumerate(zip(nll, correct))
+        ]
+    else:
+        metrics, examples = rare_word_similarity(
+            model, tokenizer, path, batch_size, limit
+        )
+    if stream is not None:
+        for index, example in enumerate(examples):
+            stream.add(index, example)
+    return metrics
