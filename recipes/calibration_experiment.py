@@ -1,6 +1,6 @@
 """Beyond one scalar temperature: two ways to close MultiHashFormer's
 remaining calibration gap, measured against the scalar on the replicate
-harness's trained models (issue #14, part 4).
+harness's trained models.
 
     python recipes/replicate.py --output recipes/results --work-dir RUNS
     python recipes/calibration_experiment.py --work-dir RUNS \\

@@ -1,112 +1,12 @@
-"""Evaluate a saved MultiHashFormer or Standard model (a preset directory).
+"""Kept for scripts written before the command line: the same as
+`keras-mhf evaluate` (`keras_mhf/cli/evaluate.py`)."""
 
-    python recipes/evaluate.py --preset runs/mhf/preset \
-        --perplexity ../shared/data/openstax_edu_en/validation_00.jsonl \
-        --lambada lambada_test.jsonl \
-        --multiple-choice piqa.jsonl arc_easy.jsonl \
-        --card660 card660.tsv --output results.jsonl
-
-Metrics follow lm-eval: perplexity over the real vocabulary; LAMBADA (OpenAI
-jsonl, target = last word) acc and perplexity as `lambada_openai`; multiple
-choice ({"query", "choices", "gold"}) acc and acc_norm; Card-660-format
-rare-word similarity (Pearson/Spearman of last-token cosine similarity, final
-and second-to-last layer). Results are keyed "<task>:<file as given>".
-
---output streams one JSON line per example (perplexity: one per block) as it
-is scored, and each task's metrics when it ends; run the same command again
-after an interruption and it resumes (finished tasks and recorded examples
-are not scored again; other settings, another preset or a changed task file
-are refused). A progress line with an ETA goes to stderr. The engine is
-`keras_mhf.evaluation.evaluate_preset`; the file format is
-`keras_mhf.evaluation.evaluation_results`.
-"""
-
-import argparse
-import json
 import os
+import sys
 
-# Before keras_mhf (and so TensorFlow) is imported: drops TensorFlow's
-# start-up lines that mean nothing on a CPU machine (see
-# keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument(
-        "--preset", required=True, help="preset directory (MHF or Standard)"
-    )
-    p.add_argument(
-        "--perplexity", nargs="*", default=[], help="held-out .txt/.jsonl files"
-    )
-    p.add_argument(
-        "--lambada", nargs="*", default=[], help="LAMBADA-format .jsonl files"
-    )
-    p.add_argument(
-        "--multiple-choice",
-        nargs="*",
-        default=[],
-        help='{"query", "choices", "gold"} .jsonl files',
-    )
-    p.add_argument(
-        "--card660",
-        nargs="*",
-        default=[],
-        help="word1<TAB>word2<TAB>score files",
-    )
-    p.add_argument(
-        "--sequence-length",
-        type=int,
-        default=128,
-        help="block length for perplexity",
-    )
-    p.add_argument(
-        "--max-blocks",
-        type=int,
-        default=256,
-        help="blocks scored for perplexity",
-    )
-    p.add_argument(
-        "--limit", type=int, default=None, help="examples per task file"
-    )
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument(
-        "--output",
-        default=None,
-        help="per-example results as JSON lines, written as they are "
-        "computed; a rerun resumes",
-    )
-    p.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress lines (on stderr) for the long tasks",
-    )
-    return p.parse_args(argv)
-
-
-def main(argv=None):
-    args = parse_args(argv)
-    from keras_mhf.evaluation import evaluate_preset
-
-    results = evaluate_preset(
-        args.preset,
-        args.perplexity,
-        args.lambada,
-        args.multiple_choice,
-        args.card660,
-        args.sequence_length,
-        args.max_blocks,
-        args.limit,
-        args.batch_size,
-        args.output,
-        progress=not args.no_progress,
-    )
-    print(json.dumps(results, indent=2))
-    return results
-
+from keras_mhf.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(["evaluate"] + sys.argv[1:]))

@@ -32,6 +32,9 @@ BACKEND_INDEPENDENT = {
     "test_prepare_data.py",
     "test_signature_lsh.py",
     "test_signature_table.py",
+    # The command line's argument handling and one smoke run per subcommand;
+    # the functions behind them are tested on every backend.
+    "test_cli.py",
 }
 
 # Tests whose work runs in processes that choose their own backend (a

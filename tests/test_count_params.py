@@ -9,7 +9,6 @@ from keras_mhf.models import count_parameters
 from keras_mhf.models import model_size
 from keras_mhf.models import standard_causal_lm
 from keras_mhf.utils.keras_utils import count_trainable_parameters
-from tests.conftest import REPO
 
 
 @pytest.mark.parametrize(
@@ -59,7 +58,9 @@ def test_tool_prints_table():
     out = subprocess.run(
         [
             sys.executable,
-            str(REPO / "tools" / "count_params.py"),
+            "-m",
+            "keras_mhf.cli.main",
+            "inspect",
             "1b_h4b16k",
             "100m",
             "--extra-layers",
@@ -94,7 +95,9 @@ def test_tool_prints_bytes():
     out = subprocess.run(
         [
             sys.executable,
-            str(REPO / "tools" / "count_params.py"),
+            "-m",
+            "keras_mhf.cli.main",
+            "inspect",
             "tiny_h3b64",
             "--bytes",
             "--quantize",

@@ -16,7 +16,7 @@ def direct_loglikelihood(model, ids, n_context):
     scores = np.asarray(
         ops.convert_to_numpy(model.score(np.array([ids], "int32")))
     )[0]
-    lp = evaluation._log_softmax(scores)
+    lp = evaluation.scoring._log_softmax(scores)
     positions = np.arange(n_context - 1, len(ids) - 1)
     return lp[positions, np.array(ids[n_context:])].sum(), bool(
         np.all(lp[positions].argmax(-1) == np.array(ids[n_context:]))
@@ -354,9 +354,12 @@ def test_compiled_scorers_are_built_and_release_the_model(small_tokenizer):
 
     import keras
 
+    from keras_mhf.evaluation.calibration import RAW_SCORES
     from keras_mhf.evaluation.calibration import raw_scores
     from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models.next_token_scorer import TARGET_LOSSES
     from keras_mhf.models.next_token_scorer import NextTokenScorer
+    from keras_mhf.models.next_token_scorer import built_scorer
     from keras_mhf.models.next_token_scorer import target_losses
 
     keras.utils.set_random_seed(0)
@@ -367,12 +370,15 @@ def test_compiled_scorers_are_built_and_release_the_model(small_tokenizer):
     evaluation.next_token_scores(lm, ids)
     target_losses(lm, ids, np.ones_like(ids), ids)
     raw_scores(lm, ids)
-    scorers = NextTokenScorer._cache[lm]
-    models = [scorers[8].model, scorers["loss"], scorers["raw_scores"]]
+    models = [
+        NextTokenScorer.cached(lm, 8).model,
+        built_scorer(lm, TARGET_LOSSES),
+        built_scorer(lm, RAW_SCORES),
+    ]
     for model in models:
         unbuilt = [x.name for x in model._flatten_layers() if not x.built]
         assert unbuilt == []
     alive = weakref.ref(lm)
-    del lm, scorers, models
+    del lm, models
     gc.collect()
     assert alive() is None

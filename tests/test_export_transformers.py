@@ -20,7 +20,6 @@ from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import StandardCausalLM
 from keras_mhf.models import standard_causal_lm
-from tests.conftest import REPO
 
 TEXTS = [
     "The cell is the basic unit of life.",
@@ -319,14 +318,9 @@ def test_expanded_vocabulary_exports_its_grown_table(
     assert hf(text)["input_ids"] == ours
 
 
-def test_tools_export_writes_transformers(mhf, tmp_path):
-    import importlib.util
+def test_cli_export_writes_transformers(mhf, tmp_path):
+    from keras_mhf.cli import export as tool
 
-    spec = importlib.util.spec_from_file_location(
-        "tools_export", REPO / "tools" / "export.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     mhf.save_to_preset(str(tmp_path / "preset"))
     tool.main(
         [

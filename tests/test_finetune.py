@@ -4,7 +4,6 @@ split, checkpoints that resume exactly, calibrated perplexity before and
 after). Runs under JAX only (the engine does not depend on the backend;
 tests/test_lora.py covers LoRA itself on all three)."""
 
-import importlib.util
 import json
 import os
 import shutil
@@ -13,7 +12,6 @@ import keras
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
 from tests.conftest import small_proto_bytes
 from tests.pretraining_helpers import compile_once_fixture  # noqa: F401
 from tests.pretraining_helpers import stop_after_chunks
@@ -57,11 +55,8 @@ def setup(tmp_path_factory):
 
 
 def recipe_main(argv, capsys):
-    spec = importlib.util.spec_from_file_location(
-        "finetune_recipe", REPO / "recipes" / "finetune.py"
-    )
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    from keras_mhf.cli import finetune as recipe
+
     capsys.readouterr()
     try:
         recipe.main([str(a) for a in argv])

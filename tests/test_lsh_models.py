@@ -178,15 +178,8 @@ def test_authors_lsh_checkpoint_loads_and_is_checked(
 
 
 def test_count_params_prints_signature_statistics(tmp_path, capsys):
-    import importlib.util
+    from keras_mhf.cli import inspect as tool
 
-    from tests.conftest import REPO
-
-    spec = importlib.util.spec_from_file_location(
-        "count_params", REPO / "tools" / "count_params.py"
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
     model = tmp_path / "small.model"
     model.write_bytes(small_proto_bytes())
     tool.main(

@@ -198,3 +198,30 @@ def test_the_layering_check_finds_upward_imports():
         ("keras_mhf.models.a", "keras_mhf.evaluation.calibration"),
     ]
     assert all(p.startswith("keras_mhf.") for p in APPLICATION_PREFIXES)
+
+
+def test_the_top_level_holds_only_pipeline_folders():
+    """Each step of the pipeline or application is a folder; nothing else
+    sits at the top of the package but `__init__.py`."""
+    loose = sorted(
+        p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"
+    )
+    assert loose == []
+    folders = sorted(
+        p.name
+        for p in PACKAGE.iterdir()
+        if p.is_dir() and (p / "__init__.py").exists()
+    )
+    assert folders == [
+        "cli",
+        "data",
+        "evaluation",
+        "expansion",
+        "export",
+        "layers",
+        "losses",
+        "models",
+        "pretraining",
+        "signatures",
+        "utils",
+    ]

@@ -519,11 +519,8 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
 
 
 def test_command_line_errors(tmp_path, inputs, tokenizer_path, capsys):
-    import runpy
 
-    main = runpy.run_path(os.path.join(REPO, "tools", "prepare_data.py"))[
-        "main"
-    ]
+    from keras_mhf.cli.prepare import main
     code = main(
         [
             "--tokenizer",

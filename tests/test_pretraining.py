@@ -1,5 +1,4 @@
 import csv
-import importlib.util
 import json
 import os
 import shutil
@@ -22,7 +21,6 @@ from keras_mhf.pretraining import RunConfigError
 from keras_mhf.pretraining import data as run_data
 from keras_mhf.pretraining import pretrain
 from keras_mhf.pretraining import tokenizer_training_sample
-from tests.conftest import REPO
 from tests.pretraining_helpers import CALIBRATED_RUN
 from tests.pretraining_helpers import RUN
 from tests.pretraining_helpers import assert_same_state
@@ -388,13 +386,10 @@ def test_validation_data_is_refused_with_a_prepared_corpus(tmp_path, corpus):
 
 
 def recipe_main(argv, capsys):
-    """`recipes/pretrain.py`'s `main(argv)` in this process: `(exit status,
+    """`keras-mhf pretrain`'s `main(argv)` in this process: `(exit status,
     stdout, stderr)`."""
-    spec = importlib.util.spec_from_file_location(
-        "pretrain_recipe", REPO / "recipes" / "pretrain.py"
-    )
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    from keras_mhf.cli import pretrain as recipe
+
     capsys.readouterr()
     try:
         recipe.main([str(a) for a in argv])

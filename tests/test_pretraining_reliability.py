@@ -275,7 +275,7 @@ def test_a_disk_that_fills_during_a_checkpoint_write_exits_cleanly(
         assert done.returncode == 1, done.stderr[-3000:]  # not 139
         last = done.stderr.strip().splitlines()[-1]
         assert last.startswith(
-            "pretrain.py: error: DiskFullError: no space left on device "
+            "keras-mhf pretrain: error: DiskFullError: no space left on device "
             "while writing checkpoint step_000001 in "
         ), last
         assert "free space and rerun the same command to resume" in last

@@ -1,80 +1,12 @@
-"""Export a saved MHF or Standard model (preset directory) as a TF SavedModel
-or as a Hugging Face transformers checkpoint.
+"""Kept for scripts written before the command line: the same as
+`keras-mhf export` (`keras_mhf/cli/export.py`)."""
 
-    python tools/export.py --preset runs/mhf/preset \\
-        --output runs/mhf/saved_model
-    python tools/export.py --format transformers --preset runs/mhf/preset \\
-        --output runs/mhf/hf
+import os
+import sys
 
-`--format saved_model` (the default): endpoints (see `keras_mhf.export`)
-`serve`, `score` and `generate` on token ids, and `generate_text` /
-`score_text` on strings (SentencePiece in the graph; `--ids-only` leaves them
-out). Load it with TensorFlow (plus `tensorflow_text` for the string
-endpoints):
+os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
-    import tensorflow as tf, tensorflow_text  # noqa: F401
-    model = tf.saved_model.load("runs/mhf/saved_model")
-    model.generate_text(prompts=tf.constant(["The cell"]),
-                        max_new_tokens=tf.constant(20))["completion"]
-    model.score_text(texts=tf.constant(["The cell is small."]))
-
-`--format transformers`: `config.json`, `model.safetensors`,
-`generation_config.json` and the tokenizer files. An MHF model is written in
-the authors' format (their `Qwen3ForCausalLM`, GitHub HUIYINXUE/MHF, loads
-it); the Standard baseline as a stock `Qwen3ForCausalLM`
-(`transformers.AutoModelForCausalLM` loads it). Both load back with
-`from_preset(OUTPUT)`.
-"""
-
-import argparse
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
-    parser.add_argument("--preset", required=True, help="preset directory")
-    parser.add_argument("--output", required=True, help="directory to write")
-    parser.add_argument(
-        "--format",
-        choices=("saved_model", "transformers"),
-        default="saved_model",
-        help="TF SavedModel (default) or Hugging Face transformers",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace an existing OUTPUT"
-    )
-    parser.add_argument(
-        "--ids-only",
-        action="store_true",
-        help="saved_model only: no string endpoints (the SavedModel loads "
-        "with TensorFlow alone)",
-    )
-    args = parser.parse_args(argv)
-    if args.ids_only and args.format != "saved_model":
-        parser.error("--ids-only applies to --format saved_model only")
-    import keras_hub
-
-    # Importing keras_mhf registers its classes for from_preset.
-    from keras_mhf.export import export_causal_lm
-
-    model = keras_hub.models.CausalLM.from_preset(args.preset)
-    if args.format == "transformers":
-        path = model.export_to_transformers(
-            args.output, overwrite=args.overwrite
-        )
-        print(f"Hugging Face checkpoint written to {path}")
-        return
-    path = export_causal_lm(
-        model,
-        args.output,
-        overwrite=args.overwrite,
-        include_text_endpoints=not args.ids_only,
-    )
-    print(f"SavedModel written to {path}")
-
+from keras_mhf.cli.main import main  # noqa: E402
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(["export"] + sys.argv[1:]))

@@ -74,7 +74,6 @@ def expand_sentencepiece(
         )
     existing = {p.piece for p in model.pieces}
     normal = model_pb2.ModelProto.SentencePiece.NORMAL
-    score = min(p.score for p in model.pieces if p.type == normal)
     new_pieces = []
     for language, texts in corpora.items():
         if language not in scripts:
@@ -107,13 +106,64 @@ def expand_sentencepiece(
         chars = [p for p in candidates if len(p.replace("▁", "")) == 1]
         merges = [p for p in candidates if p not in set(chars)]
         chosen = (chars + merges)[:pieces_per_language]
-        for piece in chosen:
-            score -= 1.0
-            entry = model.pieces.add()
-            entry.piece, entry.score, entry.type = piece, score, normal
-            existing.add(piece)
-            new_pieces.append(piece)
+        new_pieces += _add_pieces(model, chosen)
+        existing.update(chosen)
     return model.SerializeToString(), new_pieces
+
+
+def append_pieces(proto, pieces):
+    """Appends pieces to a SentencePiece model, each scored below every
+    existing piece (so old tokenizations are kept where they compete).
+
+    Args:
+        proto: the old model's bytes.
+        pieces: token strings, in the order their new ids should take
+            (SentencePiece spelling: `▁` for a leading space).
+
+    Returns:
+        `(new_proto_bytes, new_pieces)`; new ids start at the old size.
+
+    Example:
+
+    ```python
+    new_proto, added = append_pieces(proto, ["▁Zürich", "▁Ωmega"])
+    ```
+    """
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    model = model_pb2.ModelProto()
+    model.ParseFromString(proto)
+    existing = {p.piece for p in model.pieces}
+    pieces = list(pieces)
+    if not pieces:
+        raise ValueError("No pieces to append: the list is empty.")
+    for piece in pieces:
+        if not isinstance(piece, str) or not piece:
+            raise ValueError(f"A piece must be a non-empty string; got {piece!r}.")
+    repeated = sorted({p for p in pieces if p in existing})
+    if repeated:
+        raise ValueError(
+            f"{len(repeated)} of the pieces are already in the tokenizer "
+            f"(e.g. {repeated[:3]}); list only new pieces."
+        )
+    if len(set(pieces)) != len(pieces):
+        raise ValueError("The pieces to append repeat; list each once.")
+    _add_pieces(model, pieces)
+    return model.SerializeToString(), pieces
+
+
+def _add_pieces(model, pieces):
+    """Adds `pieces` to a `ModelProto` as normal pieces, each scored 1 below
+    the lowest normal piece so far; returns them."""
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    normal = model_pb2.ModelProto.SentencePiece.NORMAL
+    score = min(p.score for p in model.pieces if p.type == normal)
+    for piece in pieces:
+        score -= 1.0
+        entry = model.pieces.add()
+        entry.piece, entry.score, entry.type = piece, score, normal
+    return list(pieces)
 
 
 def freeze_for_continual_pretraining(model, trainable_blocks=2):

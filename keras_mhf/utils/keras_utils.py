@@ -271,7 +271,7 @@ def memory_lean(optimizer):
 def dense_layout(x):
     """`x` stored densely in its own axis order. PyTorch's `transpose` is a
     strided view, so gathering rows of a transposed tensor reads memory with
-    a stride (the vocabulary scan's gathers ran 3.5x slower that way); XLA
+    a stride, which slows the vocabulary scan's gathers; XLA
     (JAX, TensorFlow) chooses layouts itself, so `x` is returned as is."""
     if keras.config.backend() == "torch":
         return x.contiguous()

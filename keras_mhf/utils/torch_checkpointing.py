@@ -7,20 +7,16 @@ Early stop: the non-reentrant checkpoint stops a recomputation by raising an
 exception; passing through Keras' layer calls with traceback filtering on
 (the default), its traceback keeps the recomputed function's frames in a
 reference cycle, so every rematerialised trunk block's recomputed
-activations stayed alive until Python's cyclic collector ran (100M trunk,
-2,048 tokens, one step with the collector off: 6,229 MiB of RSS, against
-4,377 MiB without early stop).
+activations stayed alive until Python's cyclic collector ran.
 
 The fused head: under `keras.remat` inside its block loop, the backward
 pass recomputed each block but kept every block's recomputation until it
-ended, with or without early stop: the head alone (d = 256, 8,192
-positions, H4B16384) peaked at 4.1 GB in the backward pass, as high as with
-no rematerialisation at all (4.06 GB), against 0.34 GB after the forward
-pass. `blockwise_sum` is a `torch.autograd.Function` instead: its forward
-pass runs every block under `no_grad`; its backward pass recomputes one
-block, adds its gradients into the variables' in place and frees it before
-the next (1.0 GB on the same profile, the same loss and gradients; 0.7 GB
-with blocks of 128 positions).
+ended, with or without early stop, so the head peaked as high as with no
+rematerialisation at all. `blockwise_sum` is a `torch.autograd.Function`
+instead: its forward pass runs every block under `no_grad`; its backward
+pass recomputes one block, adds its gradients into the variables' in place
+and frees it before the next (the same loss and gradients;
+`tools/head_memory.py` measures the peak).
 """
 
 import keras

@@ -4,9 +4,8 @@ Python on PyTorch, where JAX and TensorFlow compile them with XLA.
 `ops.fori_loop` is a Python loop of eager ops on PyTorch, so each chunk of
 the MHF vocabulary scan (`vocabulary_statistics`, Sec. 3.4) wrote and read
 its intermediates (H gathers, their sum, max, exp, sum) through memory one
-op at a time. Compiled, a chunk is a few fused C++ loops: 2.6x faster
-without the argmax and 3.1x with it (V = 131,072, 1,024 positions,
-H4B16384, 2 cores), for one compilation of about 10 s per process.
+op at a time. Compiled, a chunk is a few fused C++ loops, for one
+compilation per process (docs/performance.md has the measurements).
 """
 
 import functools

@@ -2,10 +2,9 @@
 
 Keras' PyTorch Adam / AdamW update every variable at once with
 `torch._foreach_*` ops, and its out-of-place ones (`m * alpha`, `sqrt(v)`,
-`+ epsilon`, the division) each allocate a copy of all the parameters: at
-the paper's 100M shape (137M parameters, 8,192 tokens per step) the process
-grew from 3,882 to 5,219 MiB inside `optimizer.apply`, the highest point of
-the whole training step. `update_in_groups` runs the same update on groups
+`+ epsilon`, the division) each allocate a copy of all the parameters,
+which made `optimizer.apply` the highest point of memory in the training
+step at the paper's 100M shape. `update_in_groups` runs the same update on groups
 of variables of at most `GROUP_BYTES` (a larger variable is a group of its
 own), so that the temporaries are a group's, not the model's. Every
 element goes through the same ops in the same order: the weights are

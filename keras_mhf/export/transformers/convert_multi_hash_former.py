@@ -1,7 +1,7 @@
 """Converts a Hugging Face checkpoint of the authors' MultiHashFormer code
 (GitHub HUIYINXUE/MHF) into a `MultiHashFormerCausalLM`.
 
-Format (DESIGN §4): `config.json` with the Qwen3 fields plus `num_hashes`,
+Format (the authors' `Qwen3HashFormer`): `config.json` with the Qwen3 fields plus `num_hashes`,
 `num_buckets`, `num_lsh` (LSH heads of their ablation, default 0),
 `bottle_neck_dim`, `pad_token_id`; and
 `model.safetensors` (or a sharded `model.safetensors.index.json`). Only

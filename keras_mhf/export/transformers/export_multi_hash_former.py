@@ -1,5 +1,5 @@
 """Exports a MultiHashFormer model as a Hugging Face checkpoint in the
-authors' format (GitHub HUIYINXUE/MHF, `Qwen3HashFormer`; DESIGN §4).
+authors' format (GitHub HUIYINXUE/MHF, `Qwen3HashFormer`).
 
 The directory holds:
 
@@ -65,7 +65,8 @@ def config(backbone, tokenizer=None, max_position_embeddings=32768):
 
 
 def weight_entries(backbone):
-    """The safetensors entries of DESIGN §4, each produced when written."""
+    """The safetensors entries of the authors' format, each produced when
+    written."""
     signatures = backbone.signature_lookup
 
     def hash_map():

@@ -1,5 +1,5 @@
 """Hugging Face names of every Keras weight of the Qwen3 trunk and of the
-MultiHashFormer interface: one home for the checkpoint layout of DESIGN §4,
+MultiHashFormer interface: one home for the checkpoint layout of the authors' code,
 used by the importer (`keras_mhf.export.transformers.convert_multi_hash_former`) and by the
 exporters in this package.
 

@@ -1,37 +1,35 @@
-"""Prints embedding / decoder / trunk / total parameters of named
-architectures without allocating any weight.
+"""Parameters, weight bytes and signature collisions of named architectures
+or of a saved model.
 
-    python tools/count_params.py                      # the paper's configs
-    python tools/count_params.py 1b_h4b16k 100m --extra-layers 4
-    python tools/count_params.py small_h4b16k --vocabulary-size 256000
-    python tools/count_params.py mini_h4b1024 mini --bytes --quantize int8
+    keras-mhf inspect                      # the paper's configs
+    keras-mhf inspect 1b_h4b16k 100m --extra-layers 4
+    keras-mhf inspect small_h4b16k --vocabulary-size 256000
+    keras-mhf inspect mini_h4b1024 mini --bytes --quantize int8
+    keras-mhf inspect --preset runs/mhf/preset
+
+Without options it prints embedding / decoder / trunk / total parameters of
+named architectures, without allocating any weight.
 
 `--bytes` builds each model (allocating its weights) and prints the bytes
 its weights take as stored, in float32 and after each `--quantize` mode:
 the vocabulary side (MHF bucket tables, Standard embedding) separately.
 
-`--signatures` builds each MHF architecture's signature table on a
-tokenizer's vocabulary (default: the Mistral v0.3 tokenizer of the shared
-data) and prints its collision statistics (`SignatureTable.statistics()`):
+`--signatures TOKENIZER` builds each MHF architecture's signature table on
+a SentencePiece model's vocabulary and prints its collision statistics
+(`SignatureTable.statistics()`):
 
-    python tools/count_params.py 1b_h4b16k 1b_h4b16k_lsh1 1b_h1b16k --signatures
+    keras-mhf inspect 1b_h4b16k 1b_h4b16k_lsh1 --signatures tokenizer.model
+
+`--preset` loads a saved MHF or Standard model and prints its architecture,
+parameters by part, scoring temperature and, for MHF, the statistics of the
+signature table it holds.
 """
 
-import argparse
-import os
+import json
 
+from keras_mhf.cli.common import parser_from_doc
 from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     count_parameters,
-)
-
-MISTRAL = os.path.join(
-    os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    ),
-    "shared",
-    "data",
-    "mistral_v03_tokenizer",
-    "tokenizer.model",
 )
 
 PAPER = [
@@ -47,19 +45,20 @@ PAPER = [
 ]
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, prog=None):
+    parser = parser_from_doc(__doc__, prog)
     parser.add_argument(
         "architectures",
         nargs="*",
         default=PAPER,
-        help="names like 1b, 1b_h4b16k, tiny_h3b512 (default: the paper's)",
+        help="names like 1b, 1b_h4b16k, tiny_h3b512 (default: the paper's "
+        "nine)",
     )
     parser.add_argument(
         "--vocabulary-size",
         type=int,
         default=32768,
-        help="V; only the Standard embedding depends on it (default 32768)",
+        help="V; only the Standard embedding depends on it",
     )
     parser.add_argument(
         "--extra-layers",
@@ -81,12 +80,10 @@ def main(argv=None):
     )
     parser.add_argument(
         "--signatures",
-        nargs="?",
-        const=MISTRAL,
         default=None,
         metavar="TOKENIZER",
         help="print each MHF architecture's signature statistics on this "
-        "SentencePiece model's vocabulary (default: the Mistral tokenizer)",
+        "SentencePiece model's vocabulary",
     )
     parser.add_argument(
         "--rule",
@@ -94,9 +91,17 @@ def main(argv=None):
         choices=["unique", "reference"],
         help="with --signatures: the collision rule",
     )
+    parser.add_argument(
+        "--preset",
+        default=None,
+        metavar="DIR",
+        help="inspect this saved model (a preset directory) instead",
+    )
     args = parser.parse_args(argv)
     if args.quantize and not args.bytes:
         parser.error("--quantize needs --bytes")
+    if args.preset:
+        return print_preset(args.preset)
     if args.signatures:
         return print_signatures(args)
     if args.bytes:
@@ -169,11 +174,11 @@ def print_signatures(args):
 
 
 def print_bytes(args):
-    import benchmarking
-
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.models import StandardCausalLM
     from keras_mhf.models import standard_backbone
+    from keras_mhf.models.model_size import synthetic_tokens
+    from keras_mhf.models.model_size import weight_bytes
     from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
         parse_architecture,
     )
@@ -193,14 +198,14 @@ def print_bytes(args):
                 model = StandardCausalLM(backbone=backbone, preprocessor=None)
             else:
                 model = MultiHashFormerCausalLM.from_tokens(
-                    benchmarking.synthetic_tokens(args.vocabulary_size),
+                    synthetic_tokens(args.vocabulary_size),
                     name,
                     pad_token_id=2,
                     num_layers=trunk["num_layers"] + args.extra_layers,
                 )
             if mode != "float32":
                 model.quantize(mode)
-            b = benchmarking.weight_bytes(model)
+            b = weight_bytes(model)
             reference.setdefault(name, b["vocabulary"])
             ratio = reference[name] / max(b["vocabulary"], 1)
             print(
@@ -212,6 +217,49 @@ def print_bytes(args):
                     else ""
                 )
             )
+
+
+def preset_report(preset):
+    """What `--preset` prints, as a dict: the model class, `V`, the
+    architecture's settings, parameters by part, the scoring temperature
+    and, for MHF, `SignatureTable.statistics()` of its table."""
+    import keras_hub
+
+    from keras_mhf.models.model_size import weight_bytes
+
+    model = keras_hub.models.CausalLM.from_preset(preset)
+    backbone = model.backbone
+    config = backbone.get_config()
+    report = {
+        "class": type(model).__name__,
+        "vocabulary_size": int(backbone.vocabulary_size),
+        "hidden_dim": config.get("hidden_dim"),
+        "num_layers": config.get("num_layers"),
+        "parameters": int(model.count_params()),
+        "weight_bytes": weight_bytes(model),
+        "scoring_temperature": getattr(model, "scoring_temperature", None),
+    }
+    if hasattr(backbone, "signature_lookup"):
+        from keras_mhf import SignatureTable
+
+        lookup = backbone.signature_lookup
+        table = SignatureTable(
+            lookup.get_signatures(),
+            lookup.num_buckets,
+            pad_token_id=lookup.pad_token_id,
+        )
+        statistics = table.statistics()
+        statistics["bucket_usage"] = [
+            round(u, 4) for u in statistics["bucket_usage"]
+        ]
+        report["num_hashes"] = int(lookup.num_hashes)
+        report["num_buckets"] = int(lookup.num_buckets)
+        report["signatures"] = statistics
+    return report
+
+
+def print_preset(preset):
+    print(json.dumps(preset_report(preset), indent=2))
 
 
 if __name__ == "__main__":

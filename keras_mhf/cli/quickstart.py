@@ -6,11 +6,11 @@ The MHF run calibrates its scoring temperature at the end (on the validation
 slice); the evaluation, on a separate test slice, reports perplexity under the
 paper's rule and calibrated, ECE, next-token and last-word accuracy.
 
-    bash tools/quickstart.sh                 # sets up .venv, then runs this
-    bash tools/quickstart.sh --data my.jsonl --steps 600
+    keras-mhf quickstart                     # writes runs/quickstart/
+    keras-mhf quickstart --data my.jsonl --steps 600
+    bash tools/quickstart.sh                 # from a checkout: sets up .venv too
 """
 
-import argparse
 import json
 import os
 import time
@@ -20,7 +20,7 @@ import time
 # keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from keras_mhf.cli.common import parser_from_doc  # noqa: E402
 
 
 def python_documentation(path):
@@ -79,25 +79,43 @@ def describe_evaluation(perplexity, last_word, summary):
     )
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+def main(argv=None, prog=None):
+    parser = parser_from_doc(__doc__, prog)
     parser.add_argument(
         "--data",
         default=None,
         help="corpus (.txt/.jsonl or folder); default: Python's bundled docs",
     )
     parser.add_argument(
-        "--output", default=os.path.join(ROOT, "runs", "quickstart")
+        "--output",
+        default=os.path.join("runs", "quickstart"),
+        help="directory for both runs, the evaluation and the exports",
     )
-    parser.add_argument("--architecture", default="mini_h4b1024")
-    parser.add_argument("--vocabulary-size", type=int, default=4000)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--sequence-length", type=int, default=128)
-    parser.add_argument("--prompt", default="The for statement")
+    parser.add_argument(
+        "--architecture",
+        default="mini_h4b1024",
+        help="the MHF architecture (the Standard run uses its trunk)",
+    )
+    parser.add_argument(
+        "--vocabulary-size",
+        type=int,
+        default=4000,
+        help="size of the SentencePiece tokenizer trained on the corpus",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=600, help="training steps of each run"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=8, help="windows per step"
+    )
+    parser.add_argument(
+        "--sequence-length", type=int, default=128, help="tokens per window"
+    )
+    parser.add_argument(
+        "--prompt",
+        default="The for statement",
+        help="the prompt both models continue",
+    )
     args = parser.parse_args(argv)
 
     from keras_mhf.data import read_documents

@@ -1,0 +1,284 @@
+"""The `keras-mhf` command line (`keras_mhf/cli/`): the command list, every
+subcommand's options with their defaults, and one smoke run of each
+subcommand on a tiny model. The subcommands wrap the library functions that
+the other test modules check on every backend, so these run once, under
+JAX (`ONCE_PER_SUITE` in conftest.py)."""
+
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from keras_mhf.cli import main as cli
+from tests.conftest import CORPUS
+from tests.conftest import REPO
+from tests.pretraining_helpers import RUN
+from tests.pretraining_helpers import run_flags
+from tests.pretraining_helpers import write_documents
+from tests.pretraining_helpers import write_tokenizer
+
+
+def run_cli(argv, capsys):
+    """`keras-mhf ARGV` in this process: `(exit status, stdout, stderr)`."""
+    capsys.readouterr()
+    try:
+        status = cli.main([str(a) for a in argv])
+    except SystemExit as exit:
+        status = exit.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def last_json(out):
+    """The JSON document a subcommand printed last."""
+    return json.loads(out[out.index("{") :])
+
+
+def test_help_lists_every_command(capsys):
+    status, out, _ = run_cli(["--help"], capsys)
+    assert status == 0
+    for name in cli.COMMANDS:
+        assert f"  {name} " in out
+    status, _, err = run_cli(["train"], capsys)
+    assert status == 2
+    assert err.strip() == (
+        "keras-mhf: error: unknown command 'train'; choose one of "
+        + ", ".join(cli.COMMANDS)
+        + " (keras-mhf --help lists them)."
+    )
+
+
+def test_the_console_script_is_declared():
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'keras-mhf = "keras_mhf.cli.main:console_main"' in text
+
+
+@pytest.mark.parametrize("name", sorted(cli.COMMANDS))
+def test_every_option_has_help_and_its_default(name, capsys):
+    module = importlib.import_module(f"keras_mhf.cli.{cli.COMMANDS[name][0]}")
+    status, out, _ = run_cli([name, "--help"], capsys)
+    assert status == 0
+    assert out.startswith(f"usage: keras-mhf {name}")
+    parser = _parser_of(module, capsys)
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, f"{name}: {action.option_strings} has no help"
+        for option in action.option_strings:
+            assert option in out
+        if action.default not in (None, False, [], True) and (
+            action.option_strings
+        ):
+            # The formatter's "(default: X)", or the help's own wording.
+            shown = f"(default: {action.default})" in " ".join(out.split())
+            assert shown or "%(default" in action.help, (name, action.dest)
+
+
+def _parser_of(module, capsys):
+    """The subcommand's parser, as its `--help` built it."""
+    import argparse
+
+    built = []
+    original = argparse.ArgumentParser.parse_args
+
+    def capture(self, *args, **kwargs):
+        built.append(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        with pytest.raises(SystemExit):
+            module.main([], prog="x")
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    capsys.readouterr()
+    return built[0]
+
+
+def test_an_unexpected_error_is_one_line(capsys, tmp_path):
+    missing = tmp_path / "no_such_preset"
+    status, _, err = run_cli(
+        ["inspect", "--preset", missing], capsys
+    )
+    assert status == 1
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("keras-mhf inspect: error: ")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`(root, preset)`: `keras-mhf prepare` then `keras-mhf pretrain` of a
+    tiny MultiHashFormer, once for the module."""
+    root = tmp_path_factory.mktemp("cli")
+    documents = write_documents(root / "docs.jsonl", count=120)
+    tokenizer = write_tokenizer(root / "small.model")
+    prepared = root / "prepared"
+    assert (
+        cli.main(
+            [
+                "prepare",
+                "--tokenizer",
+                tokenizer,
+                "--output",
+                str(prepared),
+                "--validation-fraction",
+                "0.2",
+                "--workers",
+                "1",
+                "--quiet",
+                documents,
+            ]
+        )
+        == 0
+    )
+    assert (prepared / "index.json").exists()
+    settings = dict(RUN, steps=2, checkpoint_every=2, validation_blocks=16)
+    output = root / "run"
+    assert (
+        cli.main(
+            ["pretrain", "--data", str(prepared), "--output", str(output)]
+            + ["--compilation-cache", "none"]
+            + run_flags(settings)
+        )
+        == 0
+    )
+    return root, output / "preset"
+
+
+def test_pretrain_writes_a_preset(trained):
+    _, preset = trained
+    summary = json.loads((preset.parent / "summary.json").read_text())
+    assert summary["status"] == "finished"
+    assert (preset / "config.json").exists()
+
+
+def test_inspect_a_preset_and_architectures(trained, capsys):
+    _, preset = trained
+    status, out, _ = run_cli(["inspect", "--preset", preset], capsys)
+    assert status == 0
+    report = last_json(out)
+    assert report["class"] == "MultiHashFormerCausalLM"
+    assert report["num_hashes"] == 3 and report["num_buckets"] == 64
+    signatures = report["signatures"]
+    assert signatures["vocabulary_size"] == report["vocabulary_size"]
+    assert signatures["duplicate_tokens"] == 0
+    status, out, _ = run_cli(["inspect", "tiny_h3b64", "tiny"], capsys)
+    assert status == 0 and "tiny_h3b64" in out
+
+
+def test_evaluate_a_preset(trained, capsys):
+    root, preset = trained
+    lambada = root / "lambada.jsonl"
+    lambada.write_text(
+        "".join(json.dumps({"text": s}) + "\n" for s in CORPUS[:4])
+    )
+    status, out, _ = run_cli(
+        ["evaluate", "--preset", preset, "--lambada", lambada]
+        + ["--no-progress", "--output", root / "results.jsonl"],
+        capsys,
+    )
+    assert status == 0
+    metrics = last_json(out)[f"lambada:{lambada}"]
+    assert metrics["examples"] == 4 and 0 <= metrics["acc"] <= 1
+
+
+def test_finetune_a_preset(trained, capsys):
+    root, preset = trained
+    documents = write_documents(root / "notes.jsonl", count=60, seed=3)
+    settings = dict(RUN, steps=1, checkpoint_every=1)
+    for name in ("architecture",):
+        settings.pop(name)
+    status, out, err = run_cli(
+        ["finetune", "--preset", preset, "--data", documents]
+        + ["--output", root / "ft", "--lora-rank", "2", "--no-calibrate"]
+        + ["--compilation-cache", "none", "--workers", "1"]
+        + run_flags(settings),
+        capsys,
+    )
+    assert status == 0, err[-2000:]
+    assert (root / "ft" / "preset" / "config.json").exists()
+
+
+def test_expand_vocabulary_of_a_preset(trained, capsys):
+    root, preset = trained
+    tokens = root / "new_tokens.txt"
+    tokens.write_text("▁Zürich\n▁Ωmega\n\n")
+    output = root / "expanded"
+    status, out, err = run_cli(
+        ["expand-vocabulary", "--preset", preset, "--tokens", tokens]
+        + ["--output", output],
+        capsys,
+    )
+    assert status == 0, err
+    report = last_json(out)
+    assert report["new_tokens"] == 2
+    assert report["parameters"] == report["old_parameters"]
+    import keras_hub
+
+    lm = keras_hub.models.CausalLM.from_preset(str(output))
+    vocabulary = lm.preprocessor.tokenizer.get_vocabulary()
+    assert vocabulary[-2:] == ["▁Zürich", "▁Ωmega"]
+    scores = np.asarray(lm.score(np.array([[1, len(vocabulary) - 1]])))
+    assert np.isfinite(scores).all()
+    # An existing output is refused, with what to do.
+    status, _, err = run_cli(
+        ["expand-vocabulary", "--preset", preset, "--tokens", tokens]
+        + ["--output", output],
+        capsys,
+    )
+    assert status == 2 and "--overwrite" in err
+
+
+def test_export_a_preset(trained, capsys, tmp_path):
+    _, preset = trained
+    status, _, err = run_cli(
+        ["export", "--preset", preset, "--format", "transformers"]
+        + ["--output", tmp_path / "hf"],
+        capsys,
+    )
+    assert status == 0, err
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["num_hashes"] == 3
+
+
+def test_the_old_script_paths_still_work(trained, tmp_path):
+    """`tools/export.py` (and the other kept paths) run the same command."""
+    _, preset = trained
+    for path in (
+        "recipes/pretrain.py",
+        "recipes/finetune.py",
+        "recipes/evaluate.py",
+        "tools/prepare_data.py",
+        "tools/export.py",
+    ):
+        done = subprocess.run(
+            [sys.executable, str(REPO / path), "--help"],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.startswith("usage: keras-mhf "), path
+
+
+@pytest.mark.large
+def test_quickstart_smoke(tmp_path):
+    """`keras-mhf quickstart` end to end on a few steps of a tiny model."""
+    if shutil.which("keras-mhf") is None:
+        pytest.skip("the keras-mhf console script is not installed")
+    env = dict(os.environ, KERAS_BACKEND="jax")
+    done = subprocess.run(
+        ["keras-mhf", "quickstart", "--output", str(tmp_path / "qs")]
+        + ["--architecture", "tiny_h3b64", "--vocabulary-size", "300"]
+        + ["--steps", "2", "--batch-size", "2", "--sequence-length", "32"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "qs").exists()
