@@ -10,7 +10,9 @@ from keras_mhf.evaluation import calibration
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
+from keras_mhf.models.next_token_scorer import TARGET_LOSSES
 from keras_mhf.models.next_token_scorer import NextTokenScorer
+from keras_mhf.models.next_token_scorer import built_scorer
 
 
 def to_numpy(x):
@@ -61,8 +63,12 @@ def test_score_is_log_softmax_of_scaled_raw_sums(tiny_lm, corpus):
     for tau in (1.0, 2.5):
         tiny_lm.scoring_temperature = tau
         picked, best, loss = compiled_scores()
-        cache = NextTokenScorer._cache[tiny_lm]
-        programs.append([cache[8].model, cache["loss"]])
+        programs.append(
+            [
+                NextTokenScorer.cached(tiny_lm, 8).model,
+                built_scorer(tiny_lm, TARGET_LOSSES),
+            ]
+        )
         expected = log_softmax(raw / tau)
         on_next = np.take_along_axis(expected[:, :-1], ids[:, 1:, None], -1)
         on_next = on_next[..., 0]

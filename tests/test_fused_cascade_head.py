@@ -91,7 +91,7 @@ def loss_and_gradients(lm, x, y, sample_weight):
         y_pred = lm(x, training=True)
         loss = lm.compute_loss(x, y, y_pred, sample_weight)
         grads = torch.autograd.grad(loss, [v.value for v in variables])
-    lm._signature_cache = None  # as `compute_metrics` does after a step
+    lm.step_signatures.clear()  # as `compute_metrics` does after a step
     return float(ops.convert_to_numpy(loss)), [
         np.asarray(ops.convert_to_numpy(g), "float64") for g in grads
     ]

@@ -107,9 +107,10 @@ def test_score_is_normalised_and_matches_loss(tiny_lm, corpus):
     ]
     np.testing.assert_allclose(per_token, expected, atol=1e-5)
     # The loss scan runs compiled; on TensorFlow under XLA.
-    from keras_mhf.models.next_token_scorer import NextTokenScorer
+    from keras_mhf.models.next_token_scorer import TARGET_LOSSES
+    from keras_mhf.models.next_token_scorer import built_scorer
 
-    scorer = NextTokenScorer._cache[tiny_lm]["loss"]
+    scorer = built_scorer(tiny_lm, TARGET_LOSSES)
     assert scorer.jit_compile == (keras.config.backend() != "torch")
     # The intercept sees the embeddings (-1) and every block.
     seen = []
@@ -368,8 +369,8 @@ def test_attached_tokenizer_is_checked_whenever_it_changes(
 
 def test_loss_and_metrics_see_target_signatures(tiny_lm, corpus):
     """`compute_loss` maps the token targets to signatures `[b, s, H]` and
-    caches them for `compute_metrics` of the same step, which clears the
-    cache (see `MultiHashFormerCausalLM._target_signatures`)."""
+    records them for `compute_metrics` of the same step, which takes them
+    (`MultiHashFormerCausalLM.step_signatures`)."""
     seen = []
 
     class FirstHeadAccuracy(keras.metrics.Metric):
@@ -400,7 +401,7 @@ def test_loss_and_metrics_see_target_signatures(tiny_lm, corpus):
     history = tiny_lm.fit(corpus[:8], batch_size=4, epochs=1, verbose=0)
     assert 0.0 <= history.history["first_head_accuracy"][0] <= 1.0
     assert seen and all(shape[-1] == 3 for shape in seen)  # H = 3 heads
-    assert tiny_lm._signature_cache is None
+    assert not tiny_lm.step_signatures.pending
 
 
 def test_expand_vocabulary_adds_no_parameters(tiny_lm, corpus):

@@ -25,10 +25,12 @@ import numpy as np
 from keras import ops
 
 from keras_mhf.models.next_token_scorer import CausalLMHead
-from keras_mhf.models.next_token_scorer import NextTokenScorer
+from keras_mhf.models.next_token_scorer import compiled_scorer
 from keras_mhf.utils.progress import Progress
 
 MIN_TOKENS = 100
+# The name of `raw_scores`' compiled scorer (`compiled_scorer`).
+RAW_SCORES = "raw_scores"
 ECE_BINS = 15
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-4, 1e4
 
@@ -58,19 +60,20 @@ def raw_scores(causal_lm, blocks, batch_size=8, progress=None):
     `progress` reports the blocks scored, `None`: the
     `keras_mhf.utils.progress.show_progress` setting)."""
     blocks = np.asarray(blocks, "int32")
-    # Built once per model, with its compiled scorers (a run scores raw
-    # sums at every checkpoint; `forget_compiled` drops it).
-    scorers = NextTokenScorer._cache.setdefault(causal_lm, {})
-    if "raw_scores" not in scorers:
+
+    def build():
         token_ids = keras.Input((None,), dtype="int32")
         padding_mask = keras.Input((None,), dtype="int32")
         hidden = causal_lm.backbone(
             {"token_ids": token_ids, "padding_mask": padding_mask}
         )
-        scorers["raw_scores"] = keras.Model(
+        return keras.Model(
             [token_ids, padding_mask], _RawScores(causal_lm)(hidden)
         )
-    model = scorers["raw_scores"]
+
+    # Built once per model, with its compiled scorers (a run scores raw
+    # sums at every checkpoint; `forget_compiled` drops it).
+    model = compiled_scorer(causal_lm, RAW_SCORES, build)
     scores = []
     progress = Progress("calibration", len(blocks), "blocks", progress)
     for start in range(0, len(blocks), batch_size):
@@ -160,8 +163,9 @@ def expected_calibration_error(confidence, correct, bins=ECE_BINS):
     return float(error / len(confidence))
 
 
-def metrics_at(scores, targets, tau, chunk=1024):
-    """Perplexity, top-1 accuracy and ECE of the raw scores at `tau`."""
+def token_metrics_at(scores, targets, tau, chunk=1024):
+    """Per-token `(nll, top-1 confidence, top-1 hit)` of the raw scores at
+    `tau`, each `[n]` (float64, float64, bool)."""
     nll, confidence, correct = [], [], []
     for start in range(0, len(scores), chunk):
         s = scores[start : start + chunk].astype("float64")
@@ -175,8 +179,12 @@ def metrics_at(scores, targets, tau, chunk=1024):
         nll.append(log_total - target)
         confidence.append(np.exp(top - log_total))
         correct.append(best == t)
-    nll = np.concatenate(nll)
-    confidence, correct = np.concatenate(confidence), np.concatenate(correct)
+    return tuple(np.concatenate(x) for x in (nll, confidence, correct))
+
+
+def metrics_at(scores, targets, tau, chunk=1024):
+    """Perplexity, top-1 accuracy and ECE of the raw scores at `tau`."""
+    nll, confidence, correct = token_metrics_at(scores, targets, tau, chunk)
     return {
         "perplexity": float(np.exp(nll.mean())),
         "loss": float(nll.mean()),

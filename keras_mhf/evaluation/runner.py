@@ -88,7 +88,7 @@ def evaluate_preset(
                 if stream is not None:
                     stream.finish(metrics)
             results[f"{task}:{path}"] = metrics
-    scorer = NextTokenScorer._cache.get(model, {}).get(batch_size)
+    scorer = NextTokenScorer.cached(model, batch_size)
     if scorer is not None and progress_enabled(progress):
         shapes = sorted(scorer.shapes)
         sys.stderr.write(

@@ -144,6 +144,22 @@ def _scanned_sum(block_loss, variables, blocked, blocks):
     return total
 
 
+# What `MultiHashFormerCausalLM.call` returns (its `call_output`).
+BUCKET_LOGITS = "bucket_logits"
+HIDDEN_STATES = "hidden_states"
+
+
+def call_output(task, training):
+    """What `task.call(inputs, training=training)` returns, decided here
+    only: `HIDDEN_STATES` (the final hidden states `[b, s, d]`, from which
+    `fused_compute_loss` computes the loss) for a training call with the
+    fused head (`uses_fused_head`), otherwise `BUCKET_LOGITS` (the
+    functional output `[b, s, H, B]`)."""
+    if training and uses_fused_head(task):
+        return HIDDEN_STATES
+    return BUCKET_LOGITS
+
+
 def uses_fused_head(task):
     """Whether `task`'s training steps use the fused head: `head_block_size`
     is not 0, and the model is compiled with the default objective (a
@@ -178,22 +194,55 @@ def uses_fused_head(task):
     return not problems
 
 
-def target_signatures(task, y, release=False):
-    """Token targets `y` `[b, s]` -> their signatures `[b, s, H]`, for the
-    training step's loss and metrics. Cached on the task by the identity of
-    `y`: Keras calls `compute_loss` then `compute_metrics` with the same
-    `y`, and on JAX the latter runs outside the stateless scope that holds
-    the variables (the table cannot be read there); `release=True` (the
-    metrics' call) drops the cache after use."""
-    if y is None:
-        return None
-    cached = getattr(task, "_signature_cache", None)
-    if cached is not None and cached[0] is y:
-        signatures = cached[1]
-    else:
+class StepSignatures:
+    """The targets' signatures of the training or test step in progress,
+    handed from the task's `compute_loss` to its `compute_metrics`
+    (`MultiHashFormerCausalLM.step_signatures`).
+
+    Why an object on the task: Keras' steps (`train_step` and `test_step`
+    of every backend's trainer) call `compute_loss(x, y, y_pred, ...)` and
+    then `compute_metrics(x, y, y_pred, ...)` with the same token targets
+    `y` and pass nothing else between them. Both need `y`'s signatures
+    `[b, s, H]`, and on JAX `compute_metrics` runs outside the stateless
+    scope that holds the model's variables (`fit` has purged them), so the
+    signature table cannot be read there. `look_up` (in `compute_loss`)
+    reads the table once and records the signatures with their `y`;
+    `take` (in `compute_metrics`) returns them and empties the object, so
+    nothing outlives the step.
+    """
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self):
+        """Forgets the recorded targets and signatures."""
+        self._targets = None
+        self._signatures = None
+
+    @property
+    def pending(self):
+        """Whether signatures were recorded and not taken yet."""
+        return self._targets is not None
+
+    def look_up(self, task, y):
+        """`compute_loss`: token targets `y` `[b, s]` -> their signatures
+        `[b, s, H]` from `task`'s table, recorded for the step's
+        `compute_metrics` (`None` for `y=None`)."""
+        if y is None:
+            return None
         signatures = task.backbone.signature_lookup(y)
-    task._signature_cache = None if release else (y, signatures)
-    return signatures
+        self._targets, self._signatures = y, signatures
+        return signatures
+
+    def take(self, task, y):
+        """`compute_metrics`: the signatures `look_up` recorded for this
+        very `y` (looked up again for any other `y`); empties the object."""
+        recorded = self._targets is y and y is not None
+        signatures = self._signatures
+        self.clear()
+        if recorded:
+            return signatures
+        return None if y is None else task.backbone.signature_lookup(y)
 
 
 def fused_compute_loss(task, signatures, hidden_states, sample_weight):

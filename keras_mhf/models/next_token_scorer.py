@@ -98,9 +98,7 @@ def scoring_model(inputs, outputs):
     """`keras.Model(inputs, outputs)` for compiled scoring. On TensorFlow
     its `predict_on_batch` runs under XLA (`jit_compile=True`; Keras leaves
     XLA off on CPU), which fuses the vocabulary scan's gathers, sums and
-    exponentials into one loop: MHF `mini_h4b16k`, 1,024 positions, the two
-    measured in turns on 2 loaded cores, 626 -> 980 tokens/s at V = 131,072
-    and 286 -> 596 at V = 1,048,576. JAX compiles it anyway; PyTorch runs
+    exponentials into one loop. JAX compiles it anyway; PyTorch runs
     eagerly."""
     model = keras.Model(inputs, outputs)
     if keras.config.backend() == "tensorflow":
@@ -120,25 +118,51 @@ def temperature_rows(causal_lm, rows):
     return np.full((rows,), causal_lm.scoring_temperature, "float32")
 
 
+# A model's compiled scorers by name, weakly keyed by the model (a scorer
+# never keeps its model alive). Read through `compiled_scorer` and
+# `built_scorer`, emptied by `forget_compiled`.
+_compiled_scorers = weakref.WeakKeyDictionary()
+
+# The name of `target_losses`' compiled scorer.
+TARGET_LOSSES = "target_losses"
+
+
+def compiled_scorer(causal_lm, name, build):
+    """The compiled scorer `name` of `causal_lm`: built by `build()` on
+    first use, then kept until the model is released or `forget_compiled`
+    drops it (`NextTokenScorer.for_model`, `target_losses`,
+    `keras_mhf.evaluation.calibration.raw_scores`)."""
+    scorers = _compiled_scorers.setdefault(causal_lm, {})
+    if name not in scorers:
+        scorers[name] = build()
+    return scorers[name]
+
+
+def built_scorer(causal_lm, name):
+    """The compiled scorer `name` of `causal_lm` if it was built (and not
+    forgotten since), else `None`; builds nothing."""
+    return _compiled_scorers.get(causal_lm, {}).get(name)
+
+
 def target_losses(causal_lm, token_ids, padding_mask, target_ids):
     """`score(..., scoring_mode="loss")` of a MultiHashFormer, compiled: a
     function of the model built once (and kept until `forget_compiled`), so
     repeated calls of one shape run one compiled program instead of tracing
     the vocabulary scan eagerly every time. Inputs are checked by the
     caller; returns float32 numpy `[b, s]`."""
-    scorers = NextTokenScorer._cache.setdefault(causal_lm, {})
-    if "loss" not in scorers:
+
+    def build():
         ids = keras.Input((None,), dtype="int32", name="token_ids")
         mask = keras.Input((None,), dtype="int32", name="padding_mask")
         targets = keras.Input((None,), dtype="int32", name="target_ids")
         temperature = temperature_input()
         hidden = causal_lm.backbone({"token_ids": ids, "padding_mask": mask})
         losses = _TargetLossHead(causal_lm)(hidden, targets, temperature)
-        scorers["loss"] = scoring_model(
-            [ids, mask, targets, temperature], losses
-        )
+        return scoring_model([ids, mask, targets, temperature], losses)
+
+    scorer = compiled_scorer(causal_lm, TARGET_LOSSES, build)
     token_ids = np.asarray(ops.convert_to_numpy(token_ids), "int32")
-    out = scorers["loss"].predict_on_batch(
+    out = scorer.predict_on_batch(
         [
             token_ids,
             np.asarray(ops.convert_to_numpy(padding_mask), "int32"),
@@ -153,7 +177,7 @@ def forget_compiled(causal_lm):
     """Drops a model's compiled generation function and scorers: they
     captured its weights' structure (e.g. after quantization)."""
     causal_lm.generate_function = None
-    NextTokenScorer._cache.pop(causal_lm, None)
+    _compiled_scorers.pop(causal_lm, None)
 
 
 class NextTokenScorer:
@@ -173,10 +197,8 @@ class NextTokenScorer:
     ```
     """
 
-    _cache = weakref.WeakKeyDictionary()
-
     def __init__(self, causal_lm, batch_size=8, length_multiple=64):
-        # Weak: the scorer lives in a cache keyed by the model.
+        # Weak: the scorer is kept per model (`compiled_scorer`).
         self._causal_lm = weakref.ref(causal_lm)
         self.batch_size = int(batch_size)
         self.length_multiple = int(length_multiple)
@@ -204,11 +226,23 @@ class NextTokenScorer:
 
     @classmethod
     def for_model(cls, causal_lm, batch_size=8):
-        """The scorer of `causal_lm` (built once per model and batch size)."""
-        scorers = cls._cache.setdefault(causal_lm, {})
-        if batch_size not in scorers:
-            scorers[batch_size] = cls(causal_lm, batch_size=batch_size)
-        return scorers[batch_size]
+        """The scorer of `causal_lm` (built once per model and batch size,
+        kept until `forget_compiled`)."""
+        return compiled_scorer(
+            causal_lm,
+            cls._scorer_name(batch_size),
+            lambda: cls(causal_lm, batch_size=batch_size),
+        )
+
+    @classmethod
+    def cached(cls, causal_lm, batch_size=8):
+        """The scorer `for_model` built for `causal_lm` and `batch_size`, or
+        `None` if there is none; builds nothing."""
+        return built_scorer(causal_lm, cls._scorer_name(batch_size))
+
+    @staticmethod
+    def _scorer_name(batch_size):
+        return ("next_token", batch_size)
 
     def __call__(self, token_ids, padding_mask=None):
         """Scores `[n, s]` ids: `(log_probs, is_argmax, max_log_probs)`, each

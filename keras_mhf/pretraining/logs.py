@@ -39,6 +39,7 @@ from keras_mhf.evaluation.calibration import fit_temperature
 from keras_mhf.evaluation.calibration import held_out_blocks
 from keras_mhf.evaluation.calibration import metrics_at
 from keras_mhf.evaluation.calibration import raw_scores
+from keras_mhf.evaluation.calibration import token_metrics_at
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
@@ -59,34 +60,46 @@ LOG_FIELDS = [
 ]
 
 
-def calibrated_validation(config, lm, blocks):
-    """The scoring temperature fitted on the fit half of the validation
-    `blocks` and the metrics it gives on the reported half (the split of
-    `validate_final_model`), without changing `lm`.
+def score_validation(config, lm, blocks):
+    """Scores every validation window once under the paper's rule and, for
+    an MHF run, calibrates on the same pass without changing `lm`.
 
-    One forward pass over the fit windows (at most `CALIBRATION_MAX_TOKENS`
-    predicted positions, as the final calibration) and the reported windows
-    (`keras_mhf.evaluation.calibration.raw_scores`), then the exact fit
-    (`fit_temperature`) and `metrics_at` on the cached scores.
+    An MHF run whose fit half (the first half of the windows,
+    `split_validation_windows`) holds at least
+    `keras_mhf.evaluation.calibration.MIN_TOKENS` predicted tokens scores
+    raw token scores (`keras_mhf.evaluation.calibration.raw_scores`) of the
+    fit windows up to `CALIBRATION_MAX_TOKENS` and of the reported windows:
+    the temperature is fitted on the first (`fit_temperature`), its
+    metrics are taken on the second (`metrics_at`), as the final
+    calibration does (`validate_final_model`), and the paper's rule is the
+    same scores at temperature 1. Fit windows past that many tokens, and
+    every window of other runs, go through the compiled scorer
+    (`keras_mhf.evaluation.perplexity_details`).
 
     Returns:
-        `(temperature, metrics)`, or `None` for Standard runs and fit
-        halves shorter than
-        `keras_mhf.evaluation.calibration.MIN_TOKENS` predicted tokens (the final
-        validation warns about those).
+        `(nll, hits, calibrated)`: per-token NLL and top-1 hits of the
+        windows in order, flat, under the paper's rule; `calibrated` is
+        `(temperature, metrics on the reported half)`, or `None` for
+        Standard runs and fit halves below `MIN_TOKENS`.
 
     Example:
 
     ```python
-    tau, metrics = calibrated_validation(config, lm, data.validation_blocks)
+    nll, hits, calibrated = score_validation(config, lm, blocks)
     ```
     """
-    if config.model != "mhf":
-        return None
     blocks = np.asarray(blocks)
+    per_window = blocks.shape[1] - 1
     (fit_start, fit_end), (start, end) = split_validation_windows(len(blocks))
-    if (fit_end - fit_start) * (blocks.shape[1] - 1) < MIN_TOKENS:
-        return None
+
+    def scored(windows):
+        _, nll, hits = perplexity_details(
+            lm, windows, config.batch_size, progress=False
+        )
+        return nll.reshape(-1), hits.reshape(-1)
+
+    if config.model != "mhf" or (fit_end - fit_start) * per_window < MIN_TOKENS:
+        return (*scored(blocks), None)
     fit = held_out_blocks(
         lm, blocks[fit_start:fit_end], max_tokens=CALIBRATION_MAX_TOKENS
     )
@@ -96,18 +109,27 @@ def calibrated_validation(config, lm, blocks):
         config.batch_size,
         progress=False,
     )
-    fitted = fit.shape[0] * (fit.shape[1] - 1)
+    fitted = fit.shape[0] * per_window
     tau = fit_temperature(scores[:fitted], targets[:fitted])
-    return tau, metrics_at(scores[fitted:], targets[fitted:], tau)
+    calibrated = (tau, metrics_at(scores[fitted:], targets[fitted:], tau))
+    nll, _, hits = token_metrics_at(scores, targets, 1.0)
+    parts = [(nll[:fitted], hits[:fitted])]
+    if fit_start + len(fit) < fit_end:  # fit windows past the cap
+        parts.append(scored(blocks[fit_start + len(fit) : fit_end]))
+    parts.append((nll[fitted:], hits[fitted:]))
+    return (
+        np.concatenate([p[0] for p in parts]),
+        np.concatenate([p[1] for p in parts]),
+        calibrated,
+    )
 
 
 def write_log_row(config, lm, data, history, step, started):
-    """Step "log": scores the validation windows (perplexity over the real
-    vocabulary, `keras_mhf.evaluation.perplexity`, under the paper's rule:
-    scoring temperature 1.0), calibrates an MHF model's temperature on
-    their first half (`calibrated_validation`: nothing of the model
-    changes) and appends a row to `log.csv` (see the module docstring);
-    returns the row.
+    """Step "log": scores the validation windows once (`score_validation`:
+    perplexity over the real vocabulary under the paper's rule, scoring
+    temperature 1.0, and an MHF model's temperature fitted on their first
+    half, nothing of the model changed) and appends a row to `log.csv` (see
+    the module docstring); returns the row.
 
     Example:
 
@@ -115,25 +137,25 @@ def write_log_row(config, lm, data, history, step, started):
     row = write_log_row(config, lm, data, history, 150, time.time())
     ```
     """
-    blocks = data.validation_blocks
+    blocks = np.asarray(data.validation_blocks)
     with paper_rule(lm):  # the temperature is 1.0 in training anyway
-        metrics, nll, _ = perplexity_details(
-            lm, blocks, config.batch_size, progress=False
-        )
-        calibrated = calibrated_validation(config, lm, blocks)
+        nll, hits, calibrated = score_validation(config, lm, blocks)
     _, (start, end) = split_validation_windows(len(blocks))
+    per_window = blocks.shape[1] - 1
     row = {
         "step": step,
         "tokens": step * config.batch_size * config.sequence_length,
         "train_loss": history.history["loss"][-1],
-        "val_loss": metrics["loss"],
-        "val_perplexity": metrics["perplexity"],
-        "val_accuracy": metrics["accuracy"],
+        "val_loss": float(nll.mean()),
+        "val_perplexity": math.exp(float(nll.mean())),
+        "val_accuracy": float(hits.mean()),
         "learning_rate": float(
             keras.ops.convert_to_numpy(lm.optimizer.learning_rate)
         ),
         "seconds": round(time.time() - started, 1),
-        "val_perplexity_reported": float(np.exp(nll[start:end].mean())),
+        "val_perplexity_reported": float(
+            np.exp(nll[start * per_window : end * per_window].mean())
+        ),
         "val_perplexity_calibrated": "",
         "scoring_temperature": "",
     }

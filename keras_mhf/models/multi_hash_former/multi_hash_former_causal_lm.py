@@ -14,7 +14,7 @@ from keras_mhf.models.multi_hash_former import (
     multi_hash_former_bucket_index as bucket_index,
 )
 from keras_mhf.models.multi_hash_former import (
-    multi_hash_former_decoding as decoding,
+    multi_hash_former_decoding as generation,
 )
 from keras_mhf.models.multi_hash_former import (
     multi_hash_former_inference as inference,
@@ -58,8 +58,24 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         head_block_size: positions per block of the fused training head:
             `None` chooses it (about 2^24 logits per block), 0 trains
             unchunked (the reference), an int > 0 fixes it. With the fused
-            head, `call(..., training=True)` returns the hidden states.
+            head, `call(..., training=True)` returns the hidden states (see
+            `call_output`).
         **kwargs: standard `keras_hub.models.CausalLM` arguments.
+
+    Attributes:
+        call_output: what the last `call` returned, so that `compute_loss`
+            knows what its `y_pred` is: `"bucket_logits"` (the functional
+            output `[b, s, H, B]`: inference, and training with the
+            unchunked head) or `"hidden_states"` (the final hidden states
+            `[b, s, d]`: a training call with the fused head, whose loss
+            `compute_loss` computes from them). Decided at call time by
+            `keras_mhf.losses.fused_signature_loss.call_output`
+            (`uses_fused_head`).
+        step_signatures: the targets' signatures `[b, s, H]` of the step in
+            progress, looked up by `compute_loss` and taken by
+            `compute_metrics` (a
+            `keras_mhf.losses.fused_signature_loss.StepSignatures`: Keras'
+            train and test steps pass nothing else between the two).
 
     Example:
 
@@ -95,7 +111,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             keras_utils.argument_names(type(self)),
             allowed=keras_utils.TASK_KWARGS,
         )
-        candidate_buckets = decoding.check_decoding(
+        candidate_buckets = generation.check_decoding(
             decoding, candidate_buckets
         )
         # === Layers ===
@@ -116,7 +132,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         # tokenization_fingerprint of the last tokenizer that passed.
         self._verified_tokenizer = None
         # Generation steps and how many of them fell back to the full scan.
-        self.decoding_statistics = decoding.DecodingStatistics()
+        self.decoding_statistics = generation.DecodingStatistics()
+
+        # === Training step state (see the class docstring) ===
+        self.call_output = fused_loss.BUCKET_LOGITS
+        self.step_signatures = fused_loss.StepSignatures()
 
         # === Config ===
         self.scoring_temperature = scoring_temperature
@@ -139,7 +159,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
 
     def resolved_candidate_buckets(self):
         """`K`, the buckets per head searched by `decoding="candidates"`."""
-        return decoding.resolved_candidate_buckets(self)
+        return generation.resolved_candidate_buckets(self)
 
     def has_task_weights(self):
         """Whether weights outside the backbone need saving (the derived
@@ -237,23 +257,35 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         return quantization.quantization_layer_structure(self.backbone, mode)
 
     def call(self, inputs, training=None, mask=None):
-        # Fused training head (Sec. 3.3-3.4): the loss reads the hidden states.
-        if training and fused_loss.uses_fused_head(self):
+        """The bucket logits, or, in a training call with the fused head
+        (Sec. 3.3-3.4), the final hidden states that its loss reads;
+        records which in `call_output`."""
+        self.call_output = fused_loss.call_output(self, training)
+        if self.call_output == fused_loss.HIDDEN_STATES:
             return self.backbone(inputs, training=training)
         return super().call(inputs, training=training, mask=mask)
 
     def compute_loss(
         self, x=None, y=None, y_pred=None, sample_weight=None, training=True
     ):
-        # Token targets -> signatures (cached for `compute_metrics`).
-        y = fused_loss.target_signatures(self, y)
-        if y_pred is not None and len(y_pred.shape) == 3:  # hidden states
-            return fused_loss.fused_compute_loss(self, y, y_pred, sample_weight)
-        return super().compute_loss(x, y, y_pred, sample_weight, training)
+        """`SignatureCrossEntropy` of the token targets `y`, mapped to their
+        signatures (kept in `step_signatures` for `compute_metrics`): the
+        fused head's when `call_output` says `y_pred` is hidden states,
+        Keras' compiled loss on the bucket logits otherwise."""
+        signatures = self.step_signatures.look_up(self, y)
+        if y_pred is not None and self.call_output == fused_loss.HIDDEN_STATES:
+            return fused_loss.fused_compute_loss(
+                self, signatures, y_pred, sample_weight
+            )
+        return super().compute_loss(
+            x, signatures, y_pred, sample_weight, training
+        )
 
     def compute_metrics(self, x, y, y_pred, sample_weight=None):
-        y = fused_loss.target_signatures(self, y, release=True)
-        return super().compute_metrics(x, y, y_pred, sample_weight)
+        """Keras' compiled metrics on the signatures that `compute_loss`
+        recorded for the same targets `y` (`step_signatures`)."""
+        signatures = self.step_signatures.take(self, y)
+        return super().compute_metrics(x, signatures, y_pred, sample_weight)
 
     # --- Inference (paper Sec. 3.4) -------------------------------------------
 
@@ -292,35 +324,35 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """KerasHub's cached forward pass: `(token_log_probs [b, s, V],
         hidden_states, cache)`, `cache` `[b, layers, 2, max_length, kv, hd]`."""
-        hidden_states, cache = decoding.trunk_with_cache(
+        hidden_states, cache = generation.trunk_with_cache(
             self.backbone, token_ids, cache, cache_update_index
         )
         return self.token_log_probs(hidden_states), hidden_states, cache
 
     def _build_cache(self, token_ids):
         """Builds and seeds the KV cache: `(hidden_states, cache)`."""
-        cache = decoding.empty_cache(
+        cache = generation.empty_cache(
             self.backbone, token_ids, self.compute_dtype
         )
-        return decoding.trunk_with_cache(self.backbone, token_ids, cache, 0)
+        return generation.trunk_with_cache(self.backbone, token_ids, cache, 0)
 
     def generate_step(self, inputs, stop_token_ids=None):
         """One compiled generation call (KerasHub's contract): greedy and
         top-k by `decoding`, other samplers from the full distribution."""
         hidden_states, cache = self._build_cache(inputs["token_ids"])
-        k = decoding.sampler_top_k(self.sampler)
+        k = generation.sampler_top_k(self.sampler)
         if k is None:
-            return decoding.sampled_generate_step(
+            return generation.sampled_generate_step(
                 self, inputs, stop_token_ids, hidden_states, cache
             )
-        return decoding.top_k_generate_step(
+        return generation.top_k_generate_step(
             self, inputs, stop_token_ids, cache, k
         )
 
     def make_generate_function(self):
         """KerasHub's compiled generation, checking the prompt's ids and
         counting fallbacks in `decoding_statistics`."""
-        return decoding.cached_generate_function(
+        return generation.cached_generate_function(
             self, super().make_generate_function
         )
 

