@@ -16,7 +16,7 @@ from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import count_parameters
 from keras_mhf.models import parse_architecture
 from tests.conftest import small_proto_bytes
-from tests.test_authors_checkpoint import write_checkpoint
+from tests.export.test_authors_checkpoint import write_checkpoint
 
 pytest.importorskip("torch")
 

@@ -228,7 +228,7 @@ def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
     from tests.pretraining_helpers import RUN
     from tests.pretraining_helpers import prepared_corpus
     from tests.pretraining_helpers import run_flags
-    from tests.test_pretraining import recipe_main
+    from tests.pretraining.test_pretraining import recipe_main
 
     corpus, _ = prepared_corpus(str(tmp_path / "corpus"))
     settings = dict(RUN, steps=20, checkpoint_every=1, validation_blocks=4)

@@ -1,6 +1,6 @@
 """The inference module (paper Sec. 3.4): token scores, the normalised
 distribution and the chunked vocabulary scan against numpy. Candidate
-decoding is tested in test_candidate_decoding.py."""
+decoding is tested in test_multi_hash_former_decoding.py."""
 
 import keras
 import numpy as np
