@@ -303,7 +303,9 @@ def memory_section():
             fused, std = _row(table, "fused"), _row(table, "standard")
             ratio = "—"
             if fused and std and std["peak MiB"].isdigit():
-                ratio = f"**{int(fused['peak MiB']) / int(std['peak MiB']):.2f}**"
+                ratio = (
+                    f"**{int(fused['peak MiB']) / int(std['peak MiB']):.2f}**"
+                )
             rows.append(
                 [
                     BACKEND_NAMES[backend],
@@ -354,7 +356,11 @@ def memory_section():
             "",
         ]
         tables = {v: _markdown_rows(name) for v, name in xla}
-        header = ["tokens/step", "trunk alone", "MHF H4 fused: all / head's share"]
+        header = [
+            "tokens/step",
+            "trunk alone",
+            "MHF H4 fused: all / head's share",
+        ]
         header += [
             f"Standard V={v:,}: all / head's share" for v in sorted(tables)
         ]
@@ -368,14 +374,12 @@ def memory_section():
             row = [
                 f"{tokens:,}",
                 _mib(trunk, "temporaries MiB"),
-                f"{_mib(fused, 'temporaries MiB')} / "
-                f"{_mib(fused, SHARE)}",
+                f"{_mib(fused, 'temporaries MiB')} / {_mib(fused, SHARE)}",
             ]
             for v in sorted(tables):
                 std = _row(tables[v], "standard", tokens)
                 row.append(
-                    f"{_mib(std, 'temporaries MiB')} / "
-                    f"{_mib(std, SHARE)}"
+                    f"{_mib(std, 'temporaries MiB')} / {_mib(std, SHARE)}"
                 )
             xla_rows.append(row)
         out.append(_table(header, xla_rows))
@@ -397,11 +401,11 @@ def vocabulary_section():
         "layers) with its vocabulary grown by synthetic tokens (no new "
         "parameters), against Standard on the same trunk. Generation: ms per "
         "new token with the KV cache (16-token prompt), batch 1 / 8. "
-        "\"Candidates\" is the certified search of the heads' top buckets "
+        '"Candidates" is the certified search of the heads\' top buckets '
         "(forced at every V here; by default it runs only above 262,144 "
-        "tokens), \"full scan\" scores the whole vocabulary; both give the "
+        'tokens), "full scan" scores the whole vocabulary; both give the '
         "same tokens. Fallback rate: the steps whose certificate failed. "
-        "Scoring: `score(..., scoring_mode=\"loss\")` on 8 x 128 tokens, "
+        'Scoring: `score(..., scoring_mode="loss")` on 8 x 128 tokens, '
         "which never forms `[b, s, V]` for MHF. "
         "`python tools/benchmark.py --inference vocabulary --mhf-preset "
         "PRESET --vocab 32768 131072 1048576 4194304`.",
@@ -494,7 +498,7 @@ def scoring_section():
     out = [
         "## Scoring against Standard on every backend",
         "",
-        "`score(..., scoring_mode=\"loss\")` on 8 x 128 random tokens, a "
+        '`score(..., scoring_mode="loss")` on 8 x 128 random tokens, a '
         "random `mini_h4b16k` against Standard on the same trunk; both "
         "models are built in one process and timed in turns (median of the "
         "rounds), so a change in the machine's load shows in both alike. "
@@ -570,7 +574,7 @@ def fallback_section():
         "are confident and disagree: the certificate of candidate decoding "
         "never holds, so every step falls back to the full scan (after a "
         "failure, the next 1, 2, 4, ... steps scan without searching). "
-        "Candidates against `decoding=\"full\"` on the same weights, timed "
+        'Candidates against `decoding="full"` on the same weights, timed '
         "in turns, ms per new token. `python tools/benchmark.py "
         "--inference fallback --vocab 32768 1048576 --mhf-architecture "
         "tiny_h4b16384 --new-tokens 16`.",
@@ -648,7 +652,7 @@ def quantization_section():
             "",
             f"Speed: JAX, d={s['hidden_dim']} x {s['num_layers']} layers, "
             f"V = {v:,}, greedy with the full scan (so every table is "
-            "read). \"Vocabulary side\": MHF's bucket tables and their "
+            'read). "Vocabulary side": MHF\'s bucket tables and their '
             "scales, Standard's embedding. `python tools/benchmark.py "
             "--inference quantization --configs h4b16384 standard "
             "--quantize int8`.",
@@ -734,7 +738,10 @@ def evaluation_section():
         data = _load(name)
         s = data["settings"]
         rows = []
-        for task, label in (("lambada", "LAMBADA-style"), ("piqa", "PIQA-style")):
+        for task, label in (
+            ("lambada", "LAMBADA-style"),
+            ("piqa", "PIQA-style"),
+        ):
             r = data[task]
             rows.append(
                 [
