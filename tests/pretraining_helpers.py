@@ -99,7 +99,7 @@ def prepared_corpus(root):
 
 
 def run_flags(settings):
-    """`recipes/pretrain.py` flags for keyword settings like `RUN`."""
+    """`keras-mhf pretrain` flags for keyword settings like `RUN`."""
     flags = []
     for name, value in settings.items():
         if name == "verbose":

@@ -189,7 +189,10 @@ def test_layers_and_models_import_only_downward():
 
 def test_the_layering_check_finds_upward_imports():
     graph = {
-        "keras_mhf.models.a": {"keras_mhf.evaluation.calibration", "keras_mhf.layers.b"},
+        "keras_mhf.models.a": {
+            "keras_mhf.evaluation.calibration",
+            "keras_mhf.layers.b",
+        },
         "keras_mhf.layers.b": {"keras_mhf.models.a", "keras_mhf.utils.c"},
         "keras_mhf.evaluation": {"keras_mhf.models.a"},
     }

@@ -9,7 +9,7 @@ It starts three processes at once. The single process prepares a tiny corpus
 `keras_mhf.data.prepare_data` into small shards, so windows cross them), then
 pre-trains a tiny MultiHashFormer on it with `keras_mhf.pretraining.pretrain`
 on one device. The 2 workers (2 virtual CPU devices each, 4 devices in all)
-join one JAX job exactly as `recipes/pretrain.py --coordinator
+join one JAX job exactly as `keras-mhf pretrain --coordinator
 localhost:PORT --num-processes 2 --process-id I` does (its `join_processes`),
 wait for the prepared corpus and run the same `pretrain` with `distribution=
 "data"`: each streams only its own rows of every global batch. It checks, and
@@ -23,11 +23,10 @@ prints:
 - process 0 alone wrote the checkpoints, log and preset.
 
 It exits non-zero unless all hold. On real hosts, run the recipe once per
-host with the coordinator's address (`recipes/pretrain.py ... --distribution
+host with the coordinator's address (`keras-mhf pretrain ... --distribution
 data --coordinator 10.0.0.1:1234 --num-processes N --process-id I`).
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -155,10 +154,8 @@ def train_and_save(prepared, output, out, distribution):
 
 def join(port, process_id):
     """Joins the job through the recipe's own flag handling."""
-    path = os.path.join(ROOT, "recipes", "pretrain.py")
-    spec = importlib.util.spec_from_file_location("pretrain_recipe", path)
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    from keras_mhf.cli import pretrain as recipe
+
     args = recipe.build_parser().parse_args(
         [
             "--data",

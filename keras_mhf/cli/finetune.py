@@ -63,9 +63,7 @@ def build_parser(prog=None):
     p.add_argument(
         "--sequence-length", type=int, default=128, help="tokens per window"
     )
-    p.add_argument(
-        "--batch-size", type=int, default=8, help="windows per step"
-    )
+    p.add_argument("--batch-size", type=int, default=8, help="windows per step")
     p.add_argument(
         "--steps", type=int, default=D["steps"], help="optimizer steps"
     )

@@ -46,8 +46,10 @@ def usage():
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
-    lines += ["", __doc__.split("\n\n", 1)[1].strip()]
+    lines += [
+        f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()
+    ]
+    lines += ["", __doc__.split("\n\n", 1)[1].strip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,7 @@ Two paths:
 - In memory, for small corpora: `read_documents` -> `pack_documents` ->
   `blocks_to_features`.
 - On disk, for real pre-training corpora: `prepare_data` (or
-  `tools/prepare_data.py`) tokenizes once into token shards;
+  `keras-mhf prepare`) tokenizes once into token shards;
   `PreparedCorpus` opens them; `window_dataset` streams deterministic,
   resumable, multi-host batches from them and `validation_windows` gives a
   fixed evaluation set.

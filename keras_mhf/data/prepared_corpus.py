@@ -103,17 +103,17 @@ def read_index(directory):
             raise ValueError(
                 f"{directory} holds an unfinished prepare_data run "
                 f"({STATE_FILE}, no {INDEX_FILE}): re-run "
-                "tools/prepare_data.py with the same arguments to finish it."
+                "keras-mhf prepare with the same arguments to finish it."
             )
         raise ValueError(
             f"{directory} has no {INDEX_FILE}, so it is not a prepared corpus; "
-            "create one with tools/prepare_data.py."
+            "create one with keras-mhf prepare."
         )
     try:
         index = read_json(path)
     except ValueError as error:
         raise ValueError(
-            f"{path} is not valid JSON ({error}); re-run tools/prepare_data.py "
+            f"{path} is not valid JSON ({error}); re-run keras-mhf prepare "
             "into a new directory."
         ) from error
     check_format(
@@ -123,13 +123,13 @@ def read_index(directory):
         lambda: ValueError(f"{path} is not a keras_mhf prepared-corpus index."),
         lambda found: ValueError(
             f"{path} has format version {found!r}; this keras_mhf reads "
-            f"version {FORMAT_VERSION}. Re-run tools/prepare_data.py with "
+            f"version {FORMAT_VERSION}. Re-run keras-mhf prepare with "
             "this version of keras_mhf."
         ),
     )
     if index.get("complete") is not True:
         raise ValueError(
-            f"{path} is not marked complete; re-run tools/prepare_data.py with "
+            f"{path} is not marked complete; re-run keras-mhf prepare with "
             "the same arguments to finish it."
         )
     if index.get("dtype") not in TOKEN_DTYPES:
@@ -171,14 +171,14 @@ class PreparedCorpus:
                 if not os.path.isfile(path):
                     raise ValueError(
                         f"Shard {path} is missing; re-run "
-                        "tools/prepare_data.py into a new directory."
+                        "keras-mhf prepare into a new directory."
                     )
                 size = os.path.getsize(path)
                 if size != expected:
                     raise ValueError(
                         f"Shard {path} has {size} bytes, expected {expected} "
                         f"({shard['tokens']} {self.dtype.name} tokens): it is "
-                        "truncated or damaged. Re-run tools/prepare_data.py "
+                        "truncated or damaged. Re-run keras-mhf prepare "
                         "into a new directory."
                     )
             self._shards[split] = shards
@@ -334,7 +334,7 @@ class PreparedCorpus:
             raise ValueError(
                 f"{self.directory} was prepared with tokenizer sha256 "
                 f"{self.tokenizer_sha256[:16]}..., the model's tokenizer "
-                f"is {found[:16]}...; re-run tools/prepare_data.py with the "
+                f"is {found[:16]}...; re-run keras-mhf prepare with the "
                 "model's tokenizer."
             )
 
@@ -377,7 +377,7 @@ class PreparedCorpus:
                     raise ValueError(
                         f"Shard {path} does not match its sha256 in "
                         f"{INDEX_FILE}: it is damaged. Re-run "
-                        "tools/prepare_data.py into a new directory."
+                        "keras-mhf prepare into a new directory."
                     )
                 count += 1
         return {
@@ -396,7 +396,7 @@ class PreparedCorpus:
                 f"offset {offset + where} (byte "
                 f"{(offset + where) * self.dtype.itemsize}), outside the "
                 f"tokenizer's vocabulary [0, {self.vocabulary_size - 1}]: the "
-                "shard is damaged. Re-run tools/prepare_data.py into a new "
+                "shard is damaged. Re-run keras-mhf prepare into a new "
                 "directory."
             )
 

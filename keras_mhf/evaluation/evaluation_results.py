@@ -1,7 +1,7 @@
 """Per-example evaluation results streamed to a JSON-lines file as they are
 computed, so that a long evaluation shows its work on disk and a rerun
 resumes where the last one stopped (`keras_mhf.evaluation.evaluate_preset`,
-`recipes/evaluate.py --output`).
+`keras-mhf evaluate --output`).
 
 The file, one JSON object per line:
 

@@ -90,7 +90,9 @@ class KerasMHFLM(LM):
             if isinstance(until, str):
                 until = [until]
             max_new = int(gen_kwargs.get("max_gen_toks", self.max_gen_toks))
-            prompt_length = len(evaluation.encode_text(self.tokenizer, context)) + 1
+            prompt_length = (
+                len(evaluation.encode_text(self.tokenizer, context)) + 1
+            )
             text = self.model.generate(
                 context, max_length=prompt_length + max_new, strip_prompt=True
             )

@@ -27,7 +27,7 @@ def evaluate_preset(
     progress=None,
 ):
     """Loads a MHF or Standard preset and runs the requested evaluations
-    (the engine behind `recipes/evaluate.py`).
+    (the engine behind `keras-mhf evaluate`).
 
     `progress` reports each long task's progress with an ETA on stderr
     (`None`: the `keras_mhf.utils.progress.show_progress` setting).

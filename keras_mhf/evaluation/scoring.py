@@ -128,7 +128,9 @@ def perplexity(model, blocks, batch_size=8, progress=None, label="perplexity"):
     return perplexity_details(model, blocks, batch_size, progress, label)[0]
 
 
-def perplexity_details(model, blocks, batch_size, progress=None, label="perplexity"):
+def perplexity_details(
+    model, blocks, batch_size, progress=None, label="perplexity"
+):
     """`(perplexity metrics, per-token nll [n, L], per-token hits)`."""
     temperature = getattr(model, "scoring_temperature", None)
     two_rules = temperature is not None and temperature != 1.0

@@ -139,7 +139,9 @@ def append_pieces(proto, pieces):
         raise ValueError("No pieces to append: the list is empty.")
     for piece in pieces:
         if not isinstance(piece, str) or not piece:
-            raise ValueError(f"A piece must be a non-empty string; got {piece!r}.")
+            raise ValueError(
+                f"A piece must be a non-empty string; got {piece!r}."
+            )
     repeated = sorted({p for p in pieces if p in existing})
     if repeated:
         raise ValueError(

@@ -34,7 +34,7 @@ refused unless `overwrite=True`.
 
     model.export("exported")                       # MultiHashFormerCausalLM
     keras_mhf.export.export_causal_lm(standard, "exported_standard")
-    python tools/export.py --preset runs/mhf/preset --output exported
+    keras-mhf export --preset runs/mhf/preset --output exported
 """
 
 import os

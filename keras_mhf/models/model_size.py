@@ -23,6 +23,7 @@ def weight_bytes(model):
         (MHF's int signature table and candidate-decoding index, not
         trainable) and `total`.
     """
+
     def size(variables):
         return int(
             sum(

@@ -1,4 +1,4 @@
-"""Pre-training with `model.fit`: the engine behind `recipes/pretrain.py`.
+"""Pre-training with `model.fit`: the engine behind `keras-mhf pretrain`.
 
 `pretrain` runs named steps:
 
@@ -62,7 +62,7 @@ The modules, in the order a run uses them:
 | `validation` | the final calibration and held-out validation |
 | `run` | `finish` (preset, summary) and `pretrain` |
 | `presets` | runs from a preset: its model, tokenizer, sha256 (LoRA) |
-| `finetune` | `finetune`: `pretrain` from a preset (`recipes/finetune.py`) |
+| `finetune` | `finetune`: `pretrain` from a preset (`keras-mhf finetune`) |
 
 `DiskFullError` and `OutputLockedError` (from `keras_mhf.utils`) are
 re-exported here too. The run's API is re-exported here; the helpers the

@@ -337,7 +337,7 @@ def load_data(config):
             raise RunConfigError(
                 f"--validation-data applies to raw text; {config.data} is a "
                 "prepared corpus with its own validation split (set it with "
-                "tools/prepare_data.py --validation)."
+                "keras-mhf prepare --validation)."
             )
         corpus = _open_corpus(config.data)
         tokenizer_path = _tokenizer_for_prepared(config, corpus)
@@ -346,7 +346,7 @@ def load_data(config):
             raise RunConfigError(
                 "A multi-process run needs a prepared --data directory (the "
                 "processes must not prepare raw text at the same time); run "
-                "tools/prepare_data.py first and pass its output."
+                "keras-mhf prepare first and pass its output."
             )
         tokenizer_path, prepared = _prepare_raw_text(config)
         corpus = _open_corpus(prepared)

@@ -1,5 +1,5 @@
 """`finetune`: LoRA (or full) fine-tuning of an MHF or Standard preset, the
-engine behind `recipes/finetune.py`.
+engine behind `keras-mhf finetune`.
 
 It is `pretrain` started from a preset (`initial_preset`, see
 `keras_mhf.pretraining.presets`), with fine-tuning defaults, so a

@@ -147,7 +147,7 @@ def write_log_row(config, lm, data, history, step, started):
         "tokens": step * config.batch_size * config.sequence_length,
         "train_loss": history.history["loss"][-1],
         "val_loss": float(nll.mean()),
-        "val_perplexity": math.exp(float(nll.mean())),
+        "val_perplexity": float(np.exp(float(nll.mean()))),
         "val_accuracy": float(hits.mean()),
         "learning_rate": float(
             keras.ops.convert_to_numpy(lm.optimizer.learning_rate)

@@ -1,6 +1,6 @@
 """Runs that start from a preset (fine-tuning): `pretrain(...,
 initial_preset=P, lora_rank=R, train_tables=...)`, which
-`keras_mhf.pretraining.finetune` and `recipes/finetune.py` call.
+`keras_mhf.pretraining.finetune` and `keras-mhf finetune` call.
 
 The preset decides the model (MHF or Standard, its architecture and its
 tokenizer: `P/assets/tokenizer/vocabulary.spm`, which raw text is prepared

@@ -233,7 +233,7 @@ def pretrain(data, output_dir, **settings):
 
     Args:
         data: a prepared corpus directory (`index.json`, from
-            `tools/prepare_data.py`), or raw text: a `.txt`/`.jsonl`/
+            `keras-mhf prepare`), or raw text: a `.txt`/`.jsonl`/
             `.jsonl.gz` file, a directory of them, a glob pattern or a list,
             prepared into `output_dir/data/` first.
         output_dir: where the checkpoints (`checkpoints/`), `log.csv`,

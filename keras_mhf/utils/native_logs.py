@@ -17,7 +17,7 @@ failure) and passes every other line through unchanged, in order.
 It is opt-in: the package's `__init__` runs its imports inside it, and it
 does nothing unless `KERAS_MHF_QUIET_STARTUP=1` is set before `keras_mhf` is
 imported, which only our entry points do, first thing (the quickstart,
-`recipes/pretrain.py`, `recipes/evaluate.py`):
+`keras-mhf pretrain`, `keras-mhf evaluate`):
 
     os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 

@@ -102,9 +102,7 @@ def _parser_of(module, capsys):
 
 def test_an_unexpected_error_is_one_line(capsys, tmp_path):
     missing = tmp_path / "no_such_preset"
-    status, _, err = run_cli(
-        ["inspect", "--preset", missing], capsys
-    )
+    status, _, err = run_cli(["inspect", "--preset", missing], capsys)
     assert status == 1
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("keras-mhf inspect: error: ")

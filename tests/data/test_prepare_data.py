@@ -356,7 +356,7 @@ def test_check_tokenizer(tmp_path, inputs, tokenizer_path, small_tokenizer):
     with pytest.raises(
         ValueError,
         match=rf"prepared with tokenizer sha256 {prepared}\.\.\., the model's "
-        rf"tokenizer is {expected}\.\.\.; re-run tools/prepare_data\.py",
+        rf"tokenizer is {expected}\.\.\.; re-run keras-mhf prepare",
     ):
         corpus.check_tokenizer(str(other))
 
@@ -521,6 +521,7 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
 def test_command_line_errors(tmp_path, inputs, tokenizer_path, capsys):
 
     from keras_mhf.cli.prepare import main
+
     code = main(
         [
             "--tokenizer",

@@ -225,10 +225,10 @@ def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
     """The recipe's log.csv with the fused head, and with the fused head and
     `--rematerialize` (blocks recomputed in the backward pass), equals the
     unchunked head's for 20 steps."""
+    from tests.pretraining.test_pretraining import recipe_main
     from tests.pretraining_helpers import RUN
     from tests.pretraining_helpers import prepared_corpus
     from tests.pretraining_helpers import run_flags
-    from tests.pretraining.test_pretraining import recipe_main
 
     corpus, _ = prepared_corpus(str(tmp_path / "corpus"))
     settings = dict(RUN, steps=20, checkpoint_every=1, validation_blocks=4)

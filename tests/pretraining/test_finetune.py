@@ -1,4 +1,4 @@
-"""`keras_mhf.pretraining.finetune` and `recipes/finetune.py`: LoRA
+"""`keras_mhf.pretraining.finetune` and `keras-mhf finetune`: LoRA
 fine-tuning of a preset on raw text with pre-training's engine (held-out
 split, checkpoints that resume exactly, calibrated perplexity before and
 after). Runs under JAX only (the engine does not depend on the backend;

@@ -367,7 +367,8 @@ def test_a_batch_size_the_batch_axis_does_not_divide_is_refused(
     mesh = types.SimpleNamespace(shape=(4,), axis_names=("batch",))
     fake = types.SimpleNamespace(device_mesh=mesh, batch_dim_name="batch")
     monkeypatch.setattr(
-        "keras_mhf.pretraining.distribution.make_distribution", lambda *a, **k: fake
+        "keras_mhf.pretraining.distribution.make_distribution",
+        lambda *a, **k: fake,
     )
     settings = dict(RUN, batch_size=6, distribution="data")
     with pytest.raises(RunConfigError, match="does not divide the 4-way"):

@@ -148,7 +148,7 @@ def test_a_corrupted_shard_is_named_before_training(tmp_path, corpus):
     with pytest.raises(RunConfigError) as error:
         pretrain(damaged, output, **RUN)
     assert shard in str(error.value) and "sha256" in str(error.value)
-    assert "tools/prepare_data.py" in str(error.value)
+    assert "keras-mhf prepare" in str(error.value)
     assert "--no-verify" in str(error.value)
     assert not os.path.exists(output)  # refused before training: no trace
     # --no-verify trusts it (the user asked for it).
