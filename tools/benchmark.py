@@ -33,6 +33,7 @@ import time
 
 import benchmarking
 import numpy as np
+import result_tables
 
 from keras_mhf.utils.keras_utils import count_trainable_parameters
 
@@ -340,89 +341,6 @@ def run(args):
     return results, peaks
 
 
-def table(results, peaks):
-    lines = [
-        "| backend | V | model | train tok/s (min-max step s) | MFU | "
-        "peak train MB | gen ms/token b1 / b8 | score tok/s | GFLOP/token | "
-        "MHF/Std tok/s | MHF/Std MFU | MHF/Std memory | "
-        "MHF/Std gen b1 / b8 (analytic) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        std = next(
-            (
-                s
-                for s in results
-                if s["backend"] == r["backend"]
-                and s["vocabulary_size"] == r["vocabulary_size"]
-                and s["config"] == "standard"
-            ),
-            None,
-        )
-        ratios = ["", "", "", ""]
-        if std is not None and r["config"] != "standard":
-            memory = r["peak_train_memory_mb"] / max(
-                std["peak_train_memory_mb"], 1e-9
-            )
-            generate_b1 = (
-                r["generate_ms_per_token_b1"] / std["generate_ms_per_token_b1"]
-            )
-            generate_b8 = (
-                r["generate_ms_per_token_b8"] / std["generate_ms_per_token_b8"]
-            )
-            generate_flops = (
-                r["generate_flops_per_token"] / std["generate_flops_per_token"]
-            )
-            ratios = [
-                f"{r['train_tokens_per_s'] / std['train_tokens_per_s']:.2f}",
-                f"{r['mfu'] / std['mfu']:.2f}",
-                f"{memory:.2f}",
-                f"{generate_b1:.2f} / {generate_b8:.2f} ({generate_flops:.2f})",
-            ]
-        lines.append(
-            f"| {r['backend']} | {r['vocabulary_size']:,} | {r['config']} | "
-            f"{r['train_tokens_per_s']:,.0f} "
-            f"({r['train_step_min_s']:.2f}-{r['train_step_max_s']:.2f}) | "
-            f"{r['mfu']:.2f} | {r['peak_train_memory_mb']:,.0f} | "
-            f"{r['generate_ms_per_token_b1']:.1f} / "
-            f"{r['generate_ms_per_token_b8']:.1f} | "
-            f"{r['score_tokens_per_s']:,.0f} | "
-            f"{r['flops_per_token'] / 1e9:.3f} | " + " | ".join(ratios) + " |"
-        )
-    peak_line = ", ".join(
-        f"{b}: {p / 1e9:.0f} GFLOP/s" for b, p in peaks.items()
-    )
-    lines += ["", f"Peak 2048x2048 float32 matmul: {peak_line}.", ""]
-    for r in results:
-        std = next(
-            (
-                s
-                for s in results
-                if s["backend"] == r["backend"]
-                and s["vocabulary_size"] == 32768
-                and s["config"] == "standard"
-            ),
-            None,
-        )
-        if (
-            std is None
-            or r["config"] == "standard"
-            or r["vocabulary_size"] != 32768
-        ):
-            continue
-        # Time per token = analytic FLOPs / (MFU x peak): the per-FLOP
-        # efficiency measured here, carried over to the paper's 1B trunk.
-        flops = r["flops_per_token_paper_1b"] / std["flops_per_token_paper_1b"]
-        lines.append(
-            "Extrapolated training cost at the paper's 1B trunk (V=32K, "
-            f"context 2048), {r['backend']} {r['config']}: {flops:.2f}x "
-            f"Standard's FLOPs x {std['mfu'] / r['mfu']:.2f} "
-            "(Standard/MHF MFU) = "
-            f"{flops * std['mfu'] / r['mfu']:.2f}x Standard's time."
-        )
-    return "\n".join(lines) + "\n"
-
-
 def compare(before_path, after_path):
     """Before/after table of two runs (same backend, vocabularies, models)."""
     with open(before_path) as f:
@@ -534,11 +452,13 @@ def main(argv=None):
         if args.inference == "vocabulary":
             report = vocabulary_report(results, args, stem + ".png")
         elif args.inference == "fallback":
-            report = fallback_report(results, args)
+            report = result_tables.fallback_report(
+                results, vars(args), DISAGREE_SCALE
+            )
         elif args.inference == "scoring":
-            report = scoring_report(results)
+            report = result_tables.scoring_report(results)
         else:
-            report = quantization_report(results, args)
+            report = result_tables.quantization_report(results, vars(args))
         print("\n" + report)
         with open(args.output, "w") as f:
             json.dump(
@@ -563,7 +483,7 @@ def main(argv=None):
         return
     started = time.time()
     results, peaks = run(args)
-    report = table(results, peaks)
+    report = result_tables.training_report(results, peaks)
     print("\n" + report)
     with open(args.output, "w") as f:
         json.dump(
@@ -741,34 +661,6 @@ def _scoring(args, vocabulary_size, with_standard):
     }
 
 
-def scoring_report(results):
-    """Markdown: MHF and Standard scoring throughput per V, their ratio and
-    the analytic FLOP ratio (Standard's forward FLOPs over MHF's)."""
-    lines = [
-        "| V | MHF score tok/s | Standard score tok/s | MHF / Standard | "
-        "analytic FLOP ratio | measured / analytic |",
-        "|---|---|---|---|---|---|",
-    ]
-    for v in sorted({r["vocabulary_size"] for r in results}):
-        m, s = _by(results, "mhf_score", v), _by(results, "standard_score", v)
-        if m is None or s is None:
-            continue
-        if "error" in s:
-            lines.append(
-                f"| {v:,} | {m['score_tokens_per_s']:,.0f} | {s['error']} "
-                "| — | — | — |"
-            )
-            continue
-        ratio = m["score_tokens_per_s"] / s["score_tokens_per_s"]
-        analytic = s["forward_flops_per_token"] / m["forward_flops_per_token"]
-        lines.append(
-            f"| {v:,} | {m['score_tokens_per_s']:,.0f} | "
-            f"{s['score_tokens_per_s']:,.0f} | {ratio:.2f} | "
-            f"{analytic:.2f} | {ratio / analytic:.2f} |"
-        )
-    return "\n".join(lines)
-
-
 def inference_worker(kind, vocabulary_size, args):
     """Measures one model of an inference benchmark; prints one JSON line."""
     import keras
@@ -926,100 +818,12 @@ def run_inference(args):
     return results
 
 
-def _by(results, kind, vocabulary_size):
-    return next(
-        (
-            r
-            for r in results
-            if r["kind"] == kind and r["vocabulary_size"] == vocabulary_size
-        ),
-        None,
-    )
-
-
-def fallback_report(results, args):
-    """The all-fallback table: candidate decoding whose every step falls
-    back to the full scan, against `decoding="full"` on the same model."""
-    lines = [
-        f"Every certificate fails (a random {args.mhf_architecture} whose "
-        f"bucket tables are scaled x{DISAGREE_SCALE:g}, so its heads "
-        f"disagree; greedy, {args.new_tokens} new tokens per call; after a "
-        "failure the next 1, 2, 4, ... steps scan without searching; "
-        "fallback rate: the steps that scanned):",
-        "",
-        "| V | K | candidates ms/token b1 / b8 | full scan b1 / b8 | "
-        "candidates / full b1 / b8 | fallback rate b1 / b8 |",
-        "|---|---|---|---|---|---|",
-    ]
-    for v in args.vocab:
-        r = _by(results, "mhf_disagree", v)
-        c = [r[f"disagree_candidates_ms_per_token_b{b}"] for b in (1, 8)]
-        f = [r[f"disagree_full_ms_per_token_b{b}"] for b in (1, 8)]
-        rates = [r[f"disagree_candidates_fallback_rate_b{b}"] for b in (1, 8)]
-        lines.append(
-            f"| {v:,} | {r['candidate_buckets']} | {c[0]:.1f} / {c[1]:.1f} | "
-            f"{f[0]:.1f} / {f[1]:.1f} | {c[0] / f[0]:.2f} / "
-            f"{c[1] / f[1]:.2f} | {rates[0]:.3f} / {rates[1]:.3f} |"
-        )
-    return "\n".join(lines)
-
-
 def vocabulary_report(results, args, png_path):
-    lines = [
-        "| V | MHF candidates ms/token b1 / b8 | MHF full scan b1 / b8 | "
-        "Standard b1 / b8 | Standard / MHF candidates b1 / b8 | fallback "
-        "rate b1 / b8 | MHF score tok/s | Standard score tok/s | MHF / "
-        "Standard score |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for v in args.vocab:
-        m, s = _by(results, "mhf", v), _by(results, "standard", v)
-        if "error" in s:
-            lines.append(
-                f"| {v:,} | {m['mhf_candidates_ms_per_token_b1']:.1f} / "
-                f"{m['mhf_candidates_ms_per_token_b8']:.1f} | "
-                f"{m['mhf_full_ms_per_token_b1']:.1f} / "
-                f"{m['mhf_full_ms_per_token_b8']:.1f} | {s['error']} | — | "
-                f"{m['mhf_candidates_fallback_rate_b1']:.3f} / "
-                f"{m['mhf_candidates_fallback_rate_b8']:.3f} | "
-                f"{m['mhf_score_tokens_per_s']:,.0f} | — | — |"
-            )
-            continue
-        lines.append(
-            f"| {v:,} | {m['mhf_candidates_ms_per_token_b1']:.1f} / "
-            f"{m['mhf_candidates_ms_per_token_b8']:.1f} | "
-            f"{m['mhf_full_ms_per_token_b1']:.1f} / "
-            f"{m['mhf_full_ms_per_token_b8']:.1f} | "
-            f"{s['standard_ms_per_token_b1']:.1f} / "
-            f"{s['standard_ms_per_token_b8']:.1f} | "
-            f"{s['standard_ms_per_token_b1'] / m['mhf_candidates_ms_per_token_b1']:.2f} / "  # noqa: E501
-            f"{s['standard_ms_per_token_b8'] / m['mhf_candidates_ms_per_token_b8']:.2f} | "  # noqa: E501
-            f"{m['mhf_candidates_fallback_rate_b1']:.3f} / "
-            f"{m['mhf_candidates_fallback_rate_b8']:.3f} | "
-            f"{m['mhf_score_tokens_per_s']:,.0f} | "
-            + (
-                f"{s['standard_score_tokens_per_s']:,.0f} | "
-                f"{m['mhf_score_tokens_per_s'] / s['standard_score_tokens_per_s']:.2f} |"  # noqa: E501
-                if "score_error" not in s
-                else f"{s['score_error']} | — |"
-            )
-        )
-    base = _by(results, "mhf", min(args.vocab))
-    for v in args.vocab:
-        m = _by(results, "mhf", v)
-        for b in (1, 8):
-            key = f"mhf_candidates_ms_per_token_b{b}"
-            lines.append(
-                f"\nMHF at V={v:,}, batch {b}: {m[key] / base[key]:.2f}x its "
-                f"time per token at V={min(args.vocab):,}."
-            )
-    lines.append("\n" + fallback_report(results, args))
-    random = _by(results, "mhf_random", min(args.vocab))
-    lines.append(
-        f"\nFallback rate of an untrained model of the same architecture "
-        f"(V={min(args.vocab):,}): "
-        f"{random['mhf_candidates_fallback_rate_b1']:.3f} (batch 1), "
-        f"{random['mhf_candidates_fallback_rate_b8']:.3f} (batch 8)."
+    """The vocabulary report (`result_tables.vocabulary_report`) and, where
+    matplotlib is installed, ms per generated token against V plotted to
+    `png_path`."""
+    report = result_tables.vocabulary_report(
+        results, vars(args), DISAGREE_SCALE
     )
     try:
         import matplotlib
@@ -1027,7 +831,7 @@ def vocabulary_report(results, args, png_path):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "\n".join(lines)
+        return report
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for axis, batch in zip(axes, (1, 8)):
         for label, kind, key in (
@@ -1035,8 +839,9 @@ def vocabulary_report(results, args, png_path):
             ("MHF, full scan", "mhf", "mhf_full"),
             ("Standard (Qwen3)", "standard", "standard"),
         ):
+            field = f"{key}_ms_per_token_b{batch}"
             points = [
-                (v, _by(results, kind, v).get(f"{key}_ms_per_token_b{batch}"))
+                (v, result_tables.by_kind(results, kind, v).get(field))
                 for v in args.vocab
             ]
             points = [(v, t) for v, t in points if t is not None]
@@ -1051,35 +856,7 @@ def vocabulary_report(results, args, png_path):
     fig.tight_layout()
     fig.savefig(png_path, dpi=100)
     plt.close(fig)
-    lines.append(f"\nPlot: {os.path.basename(png_path)}.")
-    return "\n".join(lines)
-
-
-def quantization_report(results, args):
-    lines = [
-        "| model | weights | gen ms/token b1 | gen ms/token b8 | "
-        "vocabulary-side bytes | speed-up b1 vs float32 |",
-        "|---|---|---|---|---|---|",
-    ]
-    vocabulary_size = min(args.vocab)
-    for config in args.configs:
-        base = _by(results, f"{config}:float32", vocabulary_size)
-        for mode in ["float32"] + list(args.quantize):
-            r = _by(results, f"{config}:{mode}", vocabulary_size)
-            lines.append(
-                f"| {config} | {mode} | {r['gen_ms_per_token_b1']:.1f} | "
-                f"{r['gen_ms_per_token_b8']:.1f} | {r['table_bytes']:,} | "
-                f"{base['gen_ms_per_token_b1'] / r['gen_ms_per_token_b1']:.2f}x |"  # noqa: E501
-            )
-    mhf_config = next(c for c in args.configs if c != "standard")
-    for mode in args.quantize:
-        mhf = _by(results, f"{mhf_config}:{mode}", vocabulary_size)
-        std = _by(results, f"standard:{mode}", vocabulary_size)
-        lines.append(
-            f"\n{mode}: MHF / Standard time per token at batch 1: "
-            f"{mhf['gen_ms_per_token_b1'] / std['gen_ms_per_token_b1']:.2f}x."
-        )
-    return "\n".join(lines)
+    return report + f"\n\nPlot: {os.path.basename(png_path)}."
 
 
 if __name__ == "__main__":

@@ -43,6 +43,8 @@ import sys
 import tempfile
 import time
 
+import result_tables
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(os.path.dirname(ROOT), "shared", "data")
 OPENSTAX = os.path.join(DATA, "openstax_edu_en")
@@ -396,86 +398,6 @@ def test_timings(backends):
     return {"files": tests, "backends": timings}
 
 
-def markdown(results):
-    lines = [
-        "# Streaming data path: measurements",
-        "",
-        f"Machine: {results.get('machine', '?')}."
-        + (f" {results['note']}" if results.get("note") else ""),
-        "",
-    ]
-    prepare = results.get("prepare")
-    if prepare:
-        lines += [
-            "| corpus | text | tokens | shards | workers | seconds | "
-            "tokens/s |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name in ("small", "large"):
-            for run in prepare.get(name, {}).get("runs", []):
-                lines.append(
-                    f"| {name} | {prepare[name]['text_bytes'] / 1e6:,.0f} MB | "
-                    f"{run['tokens']:,} | {run['shard_bytes'] / 1e6:,.0f} MB | "
-                    f"{run['workers']} | {run['seconds']} | "
-                    f"{run['tokens_per_s']:,} |"
-                )
-        lines.append("")
-    reader = results.get("reader")
-    if reader:
-        lines += [
-            f"`prepare_data`'s main process reads and parses "
-            f"{reader['megabytes_per_s']} MB/s of JSONL "
-            f"({reader['documents_per_s']:,} documents/s), the ceiling that "
-            "more tokenizer workers cannot pass.",
-            "",
-        ]
-    rss = results.get("rss")
-    if rss:
-        lines += [
-            f"Peak RSS of `recipes/pretrain.py` ({rss['architecture']}, "
-            f"{rss['steps']} steps, backend {rss['backend']}): small corpus "
-            f"{rss['small']['peak_rss_mb']} MB, large corpus "
-            f"{rss['large']['peak_rss_mb']} MB, difference "
-            f"{rss['difference_mb']} MB (limit {RSS_LIMIT_MB} MB: "
-            f"{'met' if rss['met'] else 'NOT met'}).",
-            "",
-        ]
-    loader = results.get("loader")
-    if loader:
-        lines += [
-            f"Loader: {loader['loader']['windows_per_s']:,} windows/s "
-            f"({loader['loader']['tokens_per_s']:,} tokens/s, sequence 128, "
-            f"batch 8); {loader['model']['architecture']} trains "
-            f"{loader['model']['tokens_per_s']:,} tokens/s "
-            f"({loader['model']['backend']}): the loader delivers "
-            f"{loader['factor']:,.0f}x (target {LOADER_FACTOR}x: "
-            f"{'met' if loader['met'] else 'NOT met'}).",
-            "",
-        ]
-    resume = results.get("resume")
-    if resume:
-        lines += [
-            f"Resume on the large corpus: process start to the end of the "
-            f"first training step {resume['resumed_run_s']} s after a SIGKILL "
-            f"(a fresh run: {resume['fresh_run_s']} s; starting Python and "
-            f"importing keras_mhf.pretraining alone: {resume['import_s']} s; "
-            "target "
-            f"{resume['target_s']} s: "
-            f"{'met' if resume['met'] else 'NOT met'}).",
-            "",
-        ]
-    tests = results.get("tests")
-    if tests:
-        lines += ["| backend | `tests/test_pretraining*.py` | result |"]
-        lines += ["|---|---|---|"]
-        for backend, run in tests["backends"].items():
-            lines.append(
-                f"| {backend} | {run['seconds']} s | {run['result']} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
-
-
 def machine():
     """Cores this process may use, the CPU model and the memory."""
     from keras_mhf.data import available_cores
@@ -587,9 +509,10 @@ def main(argv=None):
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(results, f, indent=2)
+    report = result_tables.data_report(results, RSS_LIMIT_MB, LOADER_FACTOR)
     with open(os.path.splitext(args.output)[0] + ".md", "w") as f:
-        f.write(markdown(results))
-    print(markdown(results))
+        f.write(report)
+    print(report)
     return results
 
 

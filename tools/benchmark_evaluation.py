@@ -17,6 +17,8 @@ import json
 import os
 import time
 
+import result_tables
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.environ.get(
     "KERAS_MHF_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -138,26 +140,9 @@ def main(argv=None):
             row["compiled_examples_per_s"] / row["reference_examples_per_s"]
         )
         results[task] = row
-    lines = [
-        f"Evaluation speed, {results['backend']}, {args.architecture}, "
-        f"V={tokenizer.vocabulary_size():,}, batch {args.batch_size}",
-        "",
-        "| task | eager score() ex/s | compiled ex/s (first pass, incl. "
-        "compiling) | compiled ex/s | speed-up (first pass) | max |diff| "
-        "of log-likelihoods | same greedy flags |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for task in tasks:
-        r = results[task]
-        lines.append(
-            f"| {task} | {r['reference_examples_per_s']:.2f} | "
-            f"{r['compiled_examples_per_s_first_pass']:.2f} | "
-            f"{r['compiled_examples_per_s']:.2f} | {r['speedup']:.1f}x "
-            f"({r['speedup_first_pass']:.1f}x) | "
-            f"{r['max_loglikelihood_difference']:.2e} | "
-            f"{r['same_greedy_flags']} |"
-        )
-    report = "\n".join(lines)
+    report = result_tables.evaluation_speed_report(
+        results, tokenizer.vocabulary_size()
+    )
     print(report)
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:

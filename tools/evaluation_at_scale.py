@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+import result_tables
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.environ.get(
     "KERAS_MHF_DATA", os.path.join(os.path.dirname(ROOT), "shared", "data")
@@ -241,31 +243,7 @@ def main(argv=None):
         "compiled_shapes": shapes[-1] if shapes else None,
         "metrics": metrics,
     }
-    lines = [
-        f"Evaluation at scale: {args.preset}, batch {args.batch_size}",
-        "",
-        "| part | wall s | peak RSS MB (largest process so far) | examples recorded |",
-        "|---|---|---|---|",
-    ]
-    for p in parts:
-        lines.append(
-            f"| {p['part']} | {p['seconds']:.0f} | {p['peak_rss_mb']:,.0f} | "
-            f"{p.get('examples_recorded', 'all')} |"
-        )
-    lines += [
-        "",
-        f"Total {report['total_seconds']:.0f} s, peak RSS "
-        f"{report['peak_rss_mb']:,.0f} MB. {report['compiled_shapes']}",
-        "",
-        "| task | examples | acc | acc_norm / perplexity |",
-        "|---|---|---|---|",
-    ]
-    for key, m in metrics.items():
-        other = m.get("acc_norm", m.get("perplexity"))
-        lines.append(
-            f"| {key} | {m['examples']} | {m['acc']:.4f} | {other:.4f} |"
-        )
-    text = "\n".join(lines)
+    text = result_tables.evaluation_at_scale_report(report)
     print(text)
     os.makedirs(os.path.dirname(args.report), exist_ok=True)
     with open(args.report + ".json", "w") as f:

@@ -25,6 +25,7 @@ import sys
 import time
 
 import numpy as np
+import result_tables
 
 MODES = ("fused", "unchunked", "standard")
 # Mode -> the MHF hash configuration it builds on the trunk. `trunk` is the
@@ -36,9 +37,8 @@ HASHES = {
     "fused_h3": "h3b10k",
     "trunk": "h4b16k",
 }
-# Headless rows (the backbone under a mean squared loss on its hidden
-# states): the base of the "head's share" of the MHF rows and of Standard's.
-TRUNKS = ("trunk", "standard_trunk")
+# Headless rows: the base of the "head's share" (see `result_tables`).
+TRUNKS = result_tables.TRUNKS
 
 
 def build(
@@ -303,11 +303,7 @@ def format_table(rows, args):
             "row's (Standard: the standard_trunk row's) at the same tokens per "
             "step.",
             "",
-            "| head | tokens/step | temporaries MiB | / Standard | head's "
-            "share MiB | arguments MiB |",
-            "|---|---|---|---|---|---|",
         ]
-        value, columns = "xla_temp_mib", ("xla_argument_mib",)
     else:
         lines += [
             f"`python tools/head_memory.py`: {setting}, two `train_on_batch` "
@@ -317,40 +313,8 @@ def format_table(rows, args):
             "the trunk row's (Standard: the standard_trunk row's) at the same "
             "tokens per step.",
             "",
-            "| head | tokens/step | peak MiB | / Standard | head's share MiB "
-            "| step s | loss |",
-            "|---|---|---|---|---|---|---|",
         ]
-        value, columns = "peak_mib", ("step_s", "loss")
-    by_mode = {(r["mode"], r["tokens"]): r for r in rows if not r.get("failed")}
-    for r in rows:
-        if r.get("failed"):
-            blanks = " |" * (len(columns) + 2)
-            lines.append(
-                f"| {r['mode']} | {r['tokens']} | {r['failed']} |{blanks}"
-            )
-            continue
-        std = by_mode.get(("standard", r["tokens"]))
-        ratio = f"{r[value] / std[value]:.2f}" if std and std[value] > 0 else ""
-        headless = "standard_trunk" if r["mode"] == "standard" else "trunk"
-        base = by_mode.get((headless, r["tokens"]))
-        share = (
-            f"{r[value] - base[value]:.0f}"
-            if base and r["mode"] not in TRUNKS
-            else ""
-        )
-        rest = " | ".join(
-            f"{r[c]:.4f}"
-            if c == "loss"
-            else f"{r[c]:.0f}"
-            if "mib" in c
-            else f"{r[c]:.2f}"
-            for c in columns
-        )
-        lines.append(
-            f"| {r['mode']} | {r['tokens']} | {r[value]:.0f} | {ratio} "
-            f"| {share} | {rest} |"
-        )
+    lines += result_tables.head_memory_table(rows, args.xla_analysis)
     return "\n".join(lines) + "\n"
 
 

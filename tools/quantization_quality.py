@@ -22,6 +22,7 @@ import argparse
 import json
 
 import numpy as np
+import result_tables
 
 
 def parse_args(argv=None):
@@ -121,14 +122,6 @@ def measure(lm, blocks, prompts, new_tokens):
     return metrics, np.asarray(out["token_ids"])[:, length:]
 
 
-def _row(name, m):
-    paper = m.get("paper_rule", m)
-    return (
-        f"| {name} | {m['accuracy']:.4f} | {paper['perplexity']:.1f} | "
-        f"{m['perplexity']:.2f} | {m['ece']:.3f} |"
-    )
-
-
 def main(argv=None):
     args = parse_args(argv)
     from keras_mhf.data import PreparedCorpus
@@ -155,12 +148,6 @@ def main(argv=None):
     results["scoring_temperature"] = lm.scoring_temperature
     base, base_tokens = measure(lm, reported, windows, args.new_tokens)
     results["float32"] = base
-    lines = [
-        "| weights | next-token acc | perplexity (paper rule) | perplexity "
-        "(calibrated) | ECE |",
-        "|---|---|---|---|---|",
-        _row("float32", base),
-    ]
     for mode in args.modes:
         lm, tokenizer = load(args.preset)
         lm.quantize(
@@ -178,17 +165,9 @@ def main(argv=None):
         )
         metrics["perplexity_ratio"] = metrics["perplexity"] / base["perplexity"]
         results[mode] = metrics
-        lines.append(_row(mode, metrics))
-        change = metrics["accuracy_change_points"]
-        lines.append(
-            f"\n{mode}: next-token accuracy {change:+.2f} points, "
-            "held-out perplexity ratio (calibrated) "
-            f"{metrics['perplexity_ratio']:.4f} "
-            f"({100 * metrics['perplexity_change']:+.2f}%), greedy "
-            f"continuations identical for {same:.0%} of {args.prompts} prompts "
-            f"({args.new_tokens} new tokens each).\n"
-        )
-    report = "\n".join(lines)
+    report = result_tables.quality_report(
+        results, args.preset, args.prompts, args.new_tokens
+    )
     print(report)
     results["report"] = report
     if args.output:

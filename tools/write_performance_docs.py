@@ -6,12 +6,13 @@
 
 The tables are computed from the JSON files that `tools/benchmark.py`,
 `tools/benchmark_data.py`, `tools/benchmark_evaluation.py`,
-`tools/evaluation_at_scale.py` and `tools/quantization_quality.py` write
-(the same formulas as their own reports). `tools/head_memory.py` writes only
-Markdown tables, so the training-memory section reads those
-(`head_memory_100m_*.md`). The prose around the tables is the template in
-this file; `tests/test_docs.py` checks that docs/performance.md is what this
-script writes now. Rerun it after committing a new measurement.
+`tools/evaluation_at_scale.py` and `tools/quantization_quality.py` write, by
+the functions of `tools/result_tables.py` that write those scripts' own
+reports. `tools/head_memory.py` writes only Markdown tables, so the
+training-memory section reads those (`head_memory_100m_*.md`). The prose
+around the tables is the template in this file; `tests/test_docs.py` checks
+that docs/performance.md is what this script writes now. Rerun it after
+committing a new measurement.
 
 Only the standard library is used (no keras_mhf import), so it runs anywhere.
 """
@@ -22,8 +23,14 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "tools", "results")
+TOOLS = os.path.dirname(os.path.abspath(__file__))
+if TOOLS not in sys.path:  # imported by path (tests/test_docs.py)
+    sys.path.append(TOOLS)
+
+import result_tables  # noqa: E402
+
+ROOT = os.path.dirname(TOOLS)
+RESULTS = os.path.join(TOOLS, "results")
 OUTPUT = os.path.join(ROOT, "docs", "performance.md")
 
 BACKENDS = ("jax", "tensorflow", "torch")
@@ -68,111 +75,26 @@ def _link(name):
     return f"[`{name}`](../tools/results/{name})"
 
 
-def _table(header, rows):
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
+def _measured(text, table, names):
+    """A paragraph, its table and the result files that table comes from."""
+    links = ", ".join(_link(name) for name in names)
+    return ["", text, "", *table, "", f"Measured in {links}."]
 
 
-def _by(results, kind, vocabulary_size):
-    return next(
-        (
-            r
-            for r in results
-            if r.get("kind") == kind
-            and r.get("vocabulary_size") == vocabulary_size
-        ),
-        None,
-    )
+def _backend_rows(stem, rows_of):
+    """The rows `rows_of(data)` of each backend's `{stem}_{backend}.json`,
+    after a backend column, and the names of those files."""
+    rows, names = [], []
+    for backend in BACKENDS:
+        name = f"{stem}_{backend}.json"
+        if not _exists(name):
+            continue
+        names.append(name)
+        rows += [[BACKEND_NAMES[backend], *row] for row in rows_of(_load(name))]
+    return rows, names
 
 
 # --- training: throughput, MFU, memory, generation (tools/benchmark.py) ---
-
-
-def _training_rows(results):
-    rows = []
-    for r in results:
-        std = next(
-            (
-                s
-                for s in results
-                if s["backend"] == r["backend"]
-                and s["vocabulary_size"] == r["vocabulary_size"]
-                and s["config"] == "standard"
-            ),
-            None,
-        )
-        ratios = ["", "", "", ""]
-        if std is not None and r["config"] != "standard":
-            ratios = [
-                f"{r['train_tokens_per_s'] / std['train_tokens_per_s']:.2f}",
-                f"{r['mfu'] / std['mfu']:.2f}",
-                f"{r['peak_train_memory_mb'] / std['peak_train_memory_mb']:.2f}",
-                f"{r['generate_ms_per_token_b1'] / std['generate_ms_per_token_b1']:.2f}"  # noqa: E501
-                f" / {r['generate_ms_per_token_b8'] / std['generate_ms_per_token_b8']:.2f}"  # noqa: E501
-                f" ({r['generate_flops_per_token'] / std['generate_flops_per_token']:.2f})",  # noqa: E501
-            ]
-        rows.append(
-            [
-                f"{r['vocabulary_size']:,}",
-                r["config"],
-                f"{r['train_tokens_per_s']:,.0f}",
-                f"{r['mfu']:.2f}",
-                f"{r['peak_train_memory_mb']:,.0f}",
-                f"{r['generate_ms_per_token_b1']:.1f} / "
-                f"{r['generate_ms_per_token_b8']:.1f}",
-                f"{r['score_tokens_per_s']:,.0f}",
-                f"{r['flops_per_token'] / 1e9:.3f}",
-            ]
-            + ratios
-        )
-    return rows
-
-
-def _extrapolations(results):
-    lines = []
-    for r in results:
-        std = next(
-            (
-                s
-                for s in results
-                if s["backend"] == r["backend"]
-                and s["vocabulary_size"] == 32768
-                and s["config"] == "standard"
-            ),
-            None,
-        )
-        if std is None or r["config"] == "standard":
-            continue
-        if r["vocabulary_size"] != 32768:
-            continue
-        flops = r["flops_per_token_paper_1b"] / std["flops_per_token_paper_1b"]
-        efficiency = std["mfu"] / r["mfu"]
-        lines.append(
-            f"- {r['config']}: {flops:.2f}x Standard's FLOPs x "
-            f"{efficiency:.2f} (Standard / MHF MFU) = "
-            f"{flops * efficiency:.2f}x Standard's training time."
-        )
-    return lines
-
-
-TRAINING_HEADER = [
-    "V",
-    "model",
-    "train tok/s",
-    "MFU",
-    "peak train MB",
-    "gen ms/token b1 / b8",
-    "score tok/s",
-    "GFLOP/token",
-    "MHF/Std tok/s",
-    "MHF/Std MFU",
-    "MHF/Std memory",
-    "MHF/Std gen b1 / b8 (analytic)",
-]
 
 
 def training_section():
@@ -220,7 +142,9 @@ def training_section():
             f"Sequence {s['sequence_length']}, batch {s['batch_size']}; "
             f"{_link(name)}; `{command}`.",
             "",
-            _table(TRAINING_HEADER, _training_rows(data["results"])),
+            *result_tables.training_table(
+                data["results"], backend_column=False, step_range=False
+            ),
             "",
             "Peak 2048x2048 float32 matmul: "
             + ", ".join(
@@ -232,7 +156,14 @@ def training_section():
             "measured per-FLOP efficiency:",
             "",
         ]
-        out += _extrapolations(data["results"])
+        out += [
+            f"- {r['config']}: {flops:.2f}x Standard's FLOPs x "
+            f"{efficiency:.2f} (Standard / MHF MFU) = "
+            f"{flops * efficiency:.2f}x Standard's training time."
+            for r, flops, efficiency in result_tables.paper_scale_costs(
+                data["results"]
+            )
+        ]
     return out
 
 
@@ -240,15 +171,7 @@ def training_section():
 
 
 def _markdown_rows(name):
-    """The rows of the first Markdown table of a result file, as dicts."""
-    with open(os.path.join(RESULTS, name), encoding="utf-8") as f:
-        lines = [line.strip() for line in f if line.strip().startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        rows.append(dict(zip(header, cells)))
-    return rows
+    return result_tables.read_markdown_table(os.path.join(RESULTS, name))
 
 
 def _row(rows, head, tokens=8192):
@@ -318,20 +241,18 @@ def memory_section():
                     f"{_link(name)}",
                 ]
             )
-    out.append(
-        _table(
-            [
-                "backend",
-                "V",
-                "MHF H4 fused",
-                "MHF H3 fused",
-                "Standard",
-                "H4 / Standard",
-                "MHF H4 unchunked",
-                "measured in",
-            ],
-            rows,
-        )
+    out += result_tables.markdown_table(
+        [
+            "backend",
+            "V",
+            "MHF H4 fused",
+            "MHF H3 fused",
+            "Standard",
+            "H4 / Standard",
+            "MHF H4 unchunked",
+            "measured in",
+        ],
+        rows,
     )
     out += [
         "",
@@ -346,15 +267,6 @@ def memory_section():
         if _exists(f"head_memory_100m_xla_jax_v{v}.md")
     ]
     if xla:
-        out += [
-            "",
-            "How it scales with tokens per step (JAX, XLA's buffer sizes of "
-            "the compiled step, `tools/head_memory.py --xla-analysis`, so "
-            "sizes that do not fit the machine are measured too). "
-            "Temporaries in MiB; the head's share is a row's temporaries "
-            "minus those of the same backbone trained without a head:",
-            "",
-        ]
         tables = {v: _markdown_rows(name) for v, name in xla}
         header = [
             "tokens/step",
@@ -382,11 +294,15 @@ def memory_section():
                     f"{_mib(std, 'temporaries MiB')} / {_mib(std, SHARE)}"
                 )
             xla_rows.append(row)
-        out.append(_table(header, xla_rows))
-        out += [
-            "",
-            "Measured in " + ", ".join(_link(name) for _, name in xla) + ".",
-        ]
+        out += _measured(
+            "How it scales with tokens per step (JAX, XLA's buffer sizes of "
+            "the compiled step, `tools/head_memory.py --xla-analysis`, so "
+            "sizes that do not fit the machine are measured too). "
+            "Temporaries in MiB; the head's share is a row's temporaries "
+            "minus those of the same backbone trained without a head:",
+            result_tables.markdown_table(header, xla_rows),
+            [name for _, name in xla],
+        )
     return out
 
 
@@ -410,67 +326,22 @@ def vocabulary_section():
         "`python tools/benchmark.py --inference vocabulary --mhf-preset "
         "PRESET --vocab 32768 131072 1048576 4194304`.",
     ]
-    header = [
-        "V",
-        "MHF candidates b1 / b8",
-        "MHF full scan b1 / b8",
-        "Standard b1 / b8",
-        "Standard / MHF candidates b1 / b8",
-        "fallback rate b1 / b8",
-        "MHF score tok/s",
-        "Standard score tok/s",
-        "MHF / Standard score",
-    ]
     for backend in BACKENDS:
         name = f"benchmark_vocabulary_{backend}.json"
         if not _exists(name):
             continue
         data = _load(name)
         results, vocab = data["results"], data["settings"]["vocab"]
-        rows = []
-        for v in vocab:
-            m, s = _by(results, "mhf", v), _by(results, "standard", v)
-            mc = [m[f"mhf_candidates_ms_per_token_b{b}"] for b in (1, 8)]
-            mf = [m[f"mhf_full_ms_per_token_b{b}"] for b in (1, 8)]
-            rate = [m[f"mhf_candidates_fallback_rate_b{b}"] for b in (1, 8)]
-            row = [
-                f"{v:,}",
-                f"{mc[0]:.1f} / {mc[1]:.1f}",
-                f"{mf[0]:.1f} / {mf[1]:.1f}",
-            ]
-            if "error" in s:
-                row += [s["error"], "—"]
-            else:
-                sg = [s[f"standard_ms_per_token_b{b}"] for b in (1, 8)]
-                row += [
-                    f"{sg[0]:.1f} / {sg[1]:.1f}",
-                    f"{sg[0] / mc[0]:.2f} / {sg[1] / mc[1]:.2f}",
-                ]
-            row += [
-                f"{rate[0]:.3f} / {rate[1]:.3f}",
-                f"{m['mhf_score_tokens_per_s']:,.0f}",
-            ]
-            if "error" in s or "score_error" in s:
-                row += [s.get("score_error", s.get("error")), "—"]
-            else:
-                row += [
-                    f"{s['standard_score_tokens_per_s']:,.0f}",
-                    f"{m['mhf_score_tokens_per_s'] / s['standard_score_tokens_per_s']:.2f}",  # noqa: E501
-                ]
-            rows.append(row)
-        base = _by(results, "mhf", min(vocab))
-        top = _by(results, "mhf", max(vocab))
-        flat = [
-            top[f"mhf_candidates_ms_per_token_b{b}"]
-            / base[f"mhf_candidates_ms_per_token_b{b}"]
-            for b in (1, 8)
-        ]
-        random = _by(results, "mhf_random", min(vocab))
+        flat = result_tables.candidate_slowdown(results, vocab)[max(vocab)]
+        random = result_tables.by_kind(results, "mhf_random", min(vocab))
         out += [
             "",
             f"### {BACKEND_NAMES[backend]}",
             "",
-            _table(header, rows),
+            *result_tables.markdown_table(
+                result_tables.VOCABULARY_HEADER,
+                result_tables.vocabulary_rows(results, vocab),
+            ),
             "",
             f"Candidate decoding at V = {max(vocab):,} takes {flat[0]:.2f}x "
             f"(batch 1) and {flat[1]:.2f}x (batch 8) its time at "
@@ -495,9 +366,16 @@ def vocabulary_section():
 
 
 def scoring_section():
-    out = [
-        "## Scoring against Standard on every backend",
-        "",
+    rows, names = _backend_rows(
+        "benchmark_scoring",
+        lambda data: result_tables.scoring_rows(
+            data["results"], emphasize=True
+        ),
+    )
+    table = result_tables.markdown_table(
+        ["backend"] + result_tables.SCORING_HEADER, rows
+    )
+    return ["## Scoring against Standard on every backend"] + _measured(
         '`score(..., scoring_mode="loss")` on 8 x 128 random tokens, a '
         "random `mini_h4b16k` against Standard on the same trunk; both "
         "models are built in one process and timed in turns (median of the "
@@ -506,70 +384,22 @@ def scoring_section():
         "MHF's (trunk and head matmuls). `python tools/benchmark.py "
         "--inference scoring --vocab 32768 131072 1048576`, once per "
         "backend.",
-        "",
-    ]
-    rows, links = [], []
-    for backend in BACKENDS:
-        name = f"benchmark_scoring_{backend}.json"
-        if not _exists(name):
-            continue
-        links.append(_link(name))
-        results = _load(name)["results"]
-        for v in sorted({r["vocabulary_size"] for r in results}):
-            m = _by(results, "mhf_score", v)
-            s = _by(results, "standard_score", v)
-            if m is None or s is None:
-                continue
-            if "error" in s:
-                rows.append(
-                    [
-                        BACKEND_NAMES[backend],
-                        f"{v:,}",
-                        f"{m['score_tokens_per_s']:,.0f}",
-                        s["error"],
-                        "—",
-                        "—",
-                        "—",
-                    ]
-                )
-                continue
-            ratio = m["score_tokens_per_s"] / s["score_tokens_per_s"]
-            analytic = (
-                s["forward_flops_per_token"] / m["forward_flops_per_token"]
-            )
-            rows.append(
-                [
-                    BACKEND_NAMES[backend],
-                    f"{v:,}",
-                    f"{m['score_tokens_per_s']:,.0f}",
-                    f"{s['score_tokens_per_s']:,.0f}",
-                    f"**{ratio:.2f}**" if ratio >= 1 else f"{ratio:.2f}",
-                    f"{analytic:.2f}",
-                    f"{ratio / analytic:.2f}",
-                ]
-            )
-    out.append(
-        _table(
-            [
-                "backend",
-                "V",
-                "MHF score tok/s",
-                "Standard score tok/s",
-                "MHF / Standard",
-                "analytic FLOP ratio",
-                "measured / analytic",
-            ],
-            rows,
-        )
+        table,
+        names,
     )
-    out += ["", "Measured in " + ", ".join(links) + "."]
-    return out
 
 
 def fallback_section():
-    out = [
-        "## When every certificate fails",
-        "",
+    rows, names = _backend_rows(
+        "benchmark_fallback",
+        lambda data: result_tables.fallback_rows(
+            data["results"], data["settings"]["vocab"]
+        ),
+    )
+    table = result_tables.markdown_table(
+        ["backend"] + result_tables.FALLBACK_HEADER, rows
+    )
+    return ["## When every certificate fails"] + _measured(
         "A random model whose bucket tables are scaled so that its heads "
         "are confident and disagree: the certificate of candidate decoding "
         "never holds, so every step falls back to the full scan (after a "
@@ -578,49 +408,9 @@ def fallback_section():
         "in turns, ms per new token. `python tools/benchmark.py "
         "--inference fallback --vocab 32768 1048576 --mhf-architecture "
         "tiny_h4b16384 --new-tokens 16`.",
-        "",
-    ]
-    rows, links = [], []
-    for backend in BACKENDS:
-        name = f"benchmark_fallback_{backend}.json"
-        if not _exists(name):
-            continue
-        links.append(_link(name))
-        data = _load(name)
-        for v in data["settings"]["vocab"]:
-            r = _by(data["results"], "mhf_disagree", v)
-            c = [r[f"disagree_candidates_ms_per_token_b{b}"] for b in (1, 8)]
-            f = [r[f"disagree_full_ms_per_token_b{b}"] for b in (1, 8)]
-            rate = [
-                r[f"disagree_candidates_fallback_rate_b{b}"] for b in (1, 8)
-            ]
-            rows.append(
-                [
-                    BACKEND_NAMES[backend],
-                    f"{v:,}",
-                    r["candidate_buckets"],
-                    f"{c[0]:.1f} / {c[1]:.1f}",
-                    f"{f[0]:.1f} / {f[1]:.1f}",
-                    f"{c[0] / f[0]:.2f} / {c[1] / f[1]:.2f}",
-                    f"{rate[0]:.3f} / {rate[1]:.3f}",
-                ]
-            )
-    out.append(
-        _table(
-            [
-                "backend",
-                "V",
-                "K",
-                "candidates b1 / b8",
-                "full scan b1 / b8",
-                "candidates / full b1 / b8",
-                "fallback rate b1 / b8",
-            ],
-            rows,
-        )
+        table,
+        names,
     )
-    out += ["", "Measured in " + ", ".join(links) + "."]
-    return out
 
 
 # --- quantization ---
@@ -632,45 +422,19 @@ def quantization_section():
     if _exists(name):
         data = _load(name)
         s = data["settings"]
-        v = min(s["vocab"])
-        rows = []
-        for config in s["configs"]:
-            base = _by(data["results"], f"{config}:float32", v)
-            for mode in ["float32"] + list(s["quantize"]):
-                r = _by(data["results"], f"{config}:{mode}", v)
-                rows.append(
-                    [
-                        config,
-                        mode,
-                        f"{r['gen_ms_per_token_b1']:.1f}",
-                        f"{r['gen_ms_per_token_b8']:.1f}",
-                        f"{r['table_bytes']:,}",
-                        f"{base['gen_ms_per_token_b1'] / r['gen_ms_per_token_b1']:.2f}x",  # noqa: E501
-                    ]
-                )
-        out += [
-            "",
+        out += _measured(
             f"Speed: JAX, d={s['hidden_dim']} x {s['num_layers']} layers, "
-            f"V = {v:,}, greedy with the full scan (so every table is "
-            'read). "Vocabulary side": MHF\'s bucket tables and their '
-            "scales, Standard's embedding. `python tools/benchmark.py "
+            f"V = {min(s['vocab']):,}, greedy with the full scan (so every "
+            'table is read). "Vocabulary side": MHF\'s bucket tables and '
+            "their scales, Standard's embedding. `python tools/benchmark.py "
             "--inference quantization --configs h4b16384 standard "
             "--quantize int8`.",
-            "",
-            _table(
-                [
-                    "model",
-                    "weights",
-                    "gen ms/token b1",
-                    "gen ms/token b8",
-                    "vocabulary-side bytes",
-                    "speed-up b1 vs float32",
-                ],
-                rows,
+            result_tables.markdown_table(
+                result_tables.QUANTIZATION_HEADER,
+                result_tables.quantization_rows(data["results"], s),
             ),
-            "",
-            f"Measured in {_link(name)}.",
-        ]
+            [name],
+        )
     quality = [
         (label, f"quantization_quality_{key}.json")
         for label, key in (
@@ -682,49 +446,15 @@ def quantization_section():
     if quality:
         rows = []
         for label, name in quality:
-            data = _load(name)
-            for mode in ("float32", "int8"):
-                r = data[mode]
-                acc = f"{r['accuracy']:.4f}"
-                ppl = f"{r['perplexity']:,.2f}"
-                identical = ""
-                if mode != "float32":
-                    acc += f" ({r['accuracy_change_points']:+.2f} pt)"
-                    ppl += f" ({r['perplexity_change']:+.2%})"
-                    identical = f"{r['greedy_identical']:.0%}"
-                rows.append(
-                    [
-                        label if mode == "float32" else "",
-                        mode,
-                        acc,
-                        f"{r['paper_rule']['perplexity']:,.1f}",
-                        ppl,
-                        f"{r['ece']:.3f}",
-                        identical,
-                    ]
-                )
-        out += [
-            "",
+            rows += result_tables.quality_rows(_load(name), label)
+        out += _measured(
             "Quality: held-out windows (the reported half of the validation "
             "windows), and 50 greedy continuations of 24 tokens from "
             "16-token prompts compared token by token. `python "
             "tools/quantization_quality.py --preset PRESET --data DATA`.",
-            "",
-            _table(
-                [
-                    "model",
-                    "weights",
-                    "next-token acc",
-                    "perplexity (paper rule)",
-                    "perplexity (calibrated)",
-                    "ECE",
-                    "greedy identical",
-                ],
-                rows,
-            ),
-            "",
-            "Measured in " + ", ".join(_link(n) for _, n in quality) + ".",
-        ]
+            result_tables.markdown_table(result_tables.QUALITY_HEADER, rows),
+            [n for _, n in quality],
+        )
     return out
 
 
@@ -737,66 +467,23 @@ def evaluation_section():
     if _exists(name):
         data = _load(name)
         s = data["settings"]
-        rows = []
-        for task, label in (
-            ("lambada", "LAMBADA-style"),
-            ("piqa", "PIQA-style"),
-        ):
-            r = data[task]
-            rows.append(
-                [
-                    label,
-                    f"{r['reference_examples_per_s']:.2f}",
-                    f"{r['compiled_examples_per_s_first_pass']:.2f}",
-                    f"{r['compiled_examples_per_s']:.2f}",
-                    f"{r['speedup']:.1f}x ({r['speedup_first_pass']:.1f}x)",
-                    f"{r['max_loglikelihood_difference']:.1e}",
-                    "yes" if r["same_greedy_flags"] else "no",
-                ]
-            )
-        out += [
-            "",
+        out += _measured(
             f"Compiled scoring against the eager `score()` path, "
             f"{BACKEND_NAMES[data['backend']]}, `{s['architecture']}`, "
             f"batch {s['batch_size']}. `python tools/benchmark_evaluation.py`.",
-            "",
-            _table(
-                [
-                    "task",
-                    "eager score() ex/s",
-                    "compiled ex/s (first pass, with compiling)",
-                    "compiled ex/s",
-                    "speed-up (first pass)",
-                    "max log-likelihood difference",
-                    "same greedy flags",
-                ],
-                rows,
-            ),
-            "",
-            f"Measured in {_link(name)}.",
-        ]
+            result_tables.evaluation_speed_table(data),
+            [name],
+        )
     name = "evaluation_at_scale.json"
     if _exists(name):
         data = _load(name)
-        rows = [
-            [
-                p["part"],
-                f"{p['seconds']:.0f}",
-                f"{p['peak_rss_mb']:,.0f}",
-                f"{p['examples_recorded']:,}"
-                if "examples_recorded" in p
-                else "all",
-            ]
-            for p in data["parts"]
-        ]
         tasks = []
         for key, metrics in data["metrics"].items():
             task, path = key.split(":", 1)
             stem = os.path.splitext(os.path.basename(path))[0]
             tasks.append(f"{stem} {metrics['examples']:,}")
         total = sum(m["examples"] for m in data["metrics"].values())
-        out += [
-            "",
+        out += _measured(
             "At benchmark size: `recipes/evaluate.py` (`keras-mhf evaluate`) "
             "on task files of the real sets' sizes and shapes ("
             + ", ".join(tasks)
@@ -809,19 +496,9 @@ def evaluation_section():
             f"{data['compiled_shapes'][0].lower()}"
             f"{data['compiled_shapes'][1:]}. `python "
             "tools/evaluation_at_scale.py --preset PRESET`.",
-            "",
-            _table(
-                [
-                    "part",
-                    "wall s",
-                    "peak RSS MB",
-                    "examples recorded",
-                ],
-                rows,
-            ),
-            "",
-            f"Measured in {_link(name)}.",
-        ]
+            result_tables.evaluation_parts_table(data),
+            [name],
+        )
     return out
 
 
@@ -830,21 +507,6 @@ def data_section():
     if not _exists(name):
         return []
     data = _load(name)
-    rows = []
-    for corpus in ("small", "large"):
-        part = data["prepare"][corpus]
-        for run in part["runs"]:
-            rows.append(
-                [
-                    corpus,
-                    f"{part['text_bytes'] / 1e6:,.0f} MB",
-                    f"{run['tokens']:,}",
-                    f"{run['shard_bytes'] / 1e6:,.0f} MB",
-                    run["workers"],
-                    f"{run['seconds']:.1f}",
-                    f"{run['tokens_per_s']:,}",
-                ]
-            )
     rss, loader, resume = data["rss"], data["loader"], data["resume"]
     return [
         "## Data pipeline",
@@ -853,18 +515,7 @@ def data_section():
         "Mistral tokenizer, English OpenStax text. "
         f"{data['note']} `python tools/benchmark_data.py`.",
         "",
-        _table(
-            [
-                "corpus",
-                "text",
-                "tokens",
-                "shards",
-                "workers",
-                "seconds",
-                "tokens/s",
-            ],
-            rows,
-        ),
+        *result_tables.prepare_table(data["prepare"]),
         "",
         f"- The reader parses {data['reader']['megabytes_per_s']:.1f} MB/s of "
         f"JSONL ({data['reader']['documents_per_s']:,} documents/s), the "

@@ -271,10 +271,8 @@ def draw_with_top_k_sampler(sampler, values, scoring_temperature):
     draws from `log(probabilities)` (an exp/log round trip; a probability
     that underflows to 0 can never be drawn) and first re-selects its
     input with `ops.top_k(probabilities, k, sorted=False)`, whose order
-    PyTorch does not keep: measured with 20,000 rows on PyTorch, `k = 8`
-    gave other tokens than this draw in 381 to 9,956 rows (k <= 3, JAX and
-    TensorFlow: none). No public method draws from given logits with the
-    sampler's seed."""
+    PyTorch does not keep, so the same seed picks other tokens there. No
+    public method draws from given logits with the sampler's seed."""
     logits = values / (scoring_temperature * sampler.temperature)
     return random.categorical(
         logits, 1, seed=sampler.seed_generator, dtype="int32"
