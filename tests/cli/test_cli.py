@@ -271,7 +271,7 @@ def test_quickstart_smoke(tmp_path):
     env = dict(os.environ, KERAS_BACKEND="jax")
     done = subprocess.run(
         ["keras-mhf", "quickstart", "--output", str(tmp_path / "qs")]
-        + ["--architecture", "tiny_h3b64", "--vocabulary-size", "300"]
+        + ["--architecture", "tiny_h3b64", "--vocabulary-size", "1000"]
         + ["--steps", "2", "--batch-size", "2", "--sequence-length", "32"],
         capture_output=True,
         text=True,
