@@ -244,23 +244,38 @@ def test_export_a_preset(trained, capsys, tmp_path):
     assert config["num_hashes"] == 3
 
 
-def test_the_old_script_paths_still_work(trained, tmp_path):
-    """`tools/export.py` (and the other kept paths) run the same command."""
-    _, preset = trained
-    for path in (
+def test_the_old_script_paths_still_work():
+    """`recipes/pretrain.py`, `tools/export.py` and the other kept paths run
+    the same commands (each `--help`, run as a script, in one process)."""
+    paths = [
         "recipes/pretrain.py",
         "recipes/finetune.py",
         "recipes/evaluate.py",
         "tools/prepare_data.py",
         "tools/export.py",
-    ):
-        done = subprocess.run(
-            [sys.executable, str(REPO / path), "--help"],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert done.stdout.startswith("usage: keras-mhf "), path
+    ]
+    script = """
+import contextlib, io, runpy, sys
+for path in sys.argv[1:]:
+    sys.argv = [path, "--help"]
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(path, run_name="__main__")
+    except SystemExit as exit:
+        assert exit.code in (0, None), (path, exit.code)
+    print(path, out.getvalue().splitlines()[0])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script] + [str(REPO / p) for p in paths],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert len(lines) == len(paths)
+    for path, line in zip(paths, lines):
+        assert line.split(" ", 1)[1].startswith("usage: keras-mhf "), line
 
 
 @pytest.mark.large
