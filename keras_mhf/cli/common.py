@@ -55,6 +55,119 @@ TRAINING_OPTIONS = (
 )
 
 
+def add_training_options(p, defaults):
+    """The options `keras-mhf pretrain` and `finetune` share (`--help` shows
+    each default). `defaults` gives `steps`, `learning_rate`,
+    `warmup_steps`, `weight_decay`, `validation_fraction` and
+    `checkpoint_every`, which differ between the two."""
+    p.add_argument(
+        "--sequence-length", type=int, default=128, help="tokens per window"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        help="global batch size (all devices and processes together)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=defaults["steps"], help="optimizer steps"
+    )
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=defaults["learning_rate"],
+        help="peak learning rate",
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=defaults["warmup_steps"],
+        help="linear warmup before the cosine decay",
+    )
+    p.add_argument(
+        "--weight-decay",
+        type=float,
+        default=defaults["weight_decay"],
+        help="AdamW decay (not on norms and biases)",
+    )
+    _add_validation_and_run_options(p, defaults)
+
+
+def _add_validation_and_run_options(p, defaults):
+    """The validation, calibration, data-check and process options of
+    `add_training_options`."""
+    p.add_argument(
+        "--validation-data",
+        nargs="+",
+        default=None,
+        help="raw text only: held-out files; default: the documents a hash "
+        "of their text puts in the --validation-fraction",
+    )
+    p.add_argument(
+        "--validation-fraction",
+        type=float,
+        default=defaults["validation_fraction"],
+        help="raw text only: share of documents held out for validation",
+    )
+    p.add_argument(
+        "--validation-blocks",
+        type=int,
+        default=64,
+        help="held-out windows scored at every checkpoint",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=defaults["checkpoint_every"],
+        help="steps between validation, log line and checkpoint",
+    )
+    p.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="MHF: keep the paper's scoring rule (temperature 1.0) instead of "
+        "fitting the scoring temperature on the first half of the validation "
+        "windows (the second half is reported either way)"
+        # The formatter would print "(default: True)" for calibrate.
+        "%(default).0s",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="do not re-hash the prepared corpus's shards against index.json "
+        "(and check their token ids) when the run starts or resumes",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="raw text only: tokenizer processes when preparing it; every "
+        "core if not given",
+    )
+    p.add_argument(
+        "--mixed-precision", action="store_true", help="train in mixed_bfloat16"
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="initialisation and the order of the data",
+    )
+    p.add_argument(
+        "--compilation-cache",
+        default="auto",
+        metavar="DIR",
+        help="JAX only: a persistent cache of compiled programs, so that a "
+        "resumed run starts training within seconds; 'auto' is "
+        "OUTPUT/compilation_cache, 'none' turns it off",
+    )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bars or messages (the summary is still printed)",
+    )
+
+
 def training_settings(args):
     """The keyword settings of `pretrain` / `finetune` that both command
     lines share, from their parsed arguments."""

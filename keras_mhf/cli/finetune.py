@@ -29,6 +29,7 @@ summary.json.
 
 import json
 
+from keras_mhf.cli.common import add_training_options
 from keras_mhf.cli.common import one_path_or_list
 from keras_mhf.cli.common import parser_from_doc
 from keras_mhf.cli.common import run_reporting_errors
@@ -60,90 +61,7 @@ def build_parser(prog=None):
         action="store_true",
         help="also train the hash tables (MHF) / token embedding (Standard)",
     )
-    p.add_argument(
-        "--sequence-length", type=int, default=128, help="tokens per window"
-    )
-    p.add_argument("--batch-size", type=int, default=8, help="windows per step")
-    p.add_argument(
-        "--steps", type=int, default=D["steps"], help="optimizer steps"
-    )
-    p.add_argument(
-        "--learning-rate", type=float, default=D["learning_rate"], help="peak"
-    )
-    p.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=D["warmup_steps"],
-        help="linear warmup before the cosine decay",
-    )
-    p.add_argument(
-        "--weight-decay",
-        type=float,
-        default=D["weight_decay"],
-        help="AdamW decay (not on norms and biases)",
-    )
-    p.add_argument(
-        "--validation-data",
-        nargs="+",
-        default=None,
-        help="raw text only: held-out files; default: --validation-fraction "
-        "of the documents",
-    )
-    p.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=D["validation_fraction"],
-        help="raw text only: share of documents held out",
-    )
-    p.add_argument(
-        "--validation-blocks",
-        type=int,
-        default=64,
-        help="held-out windows scored at every checkpoint",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=D["checkpoint_every"],
-        help="steps between validation, log line and checkpoint",
-    )
-    p.add_argument(
-        "--no-calibrate",
-        dest="calibrate",
-        action="store_false",
-        help="MHF: keep the paper's rule before and after%(default).0s",
-    )
-    p.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="do not re-hash the prepared corpus when the run starts",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="raw text: tokenizer processes (default: every core)",
-    )
-    p.add_argument(
-        "--mixed-precision",
-        action="store_true",
-        help="train under the mixed_bfloat16 policy",
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="data order and initialisation"
-    )
-    p.add_argument(
-        "--compilation-cache",
-        default="auto",
-        metavar="DIR",
-        help="JAX's persistent compilation cache ('auto': under OUTPUT; "
-        "'none': off)",
-    )
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress bars or messages (the summary is still printed)",
-    )
+    add_training_options(p, D)
     return p
 
 

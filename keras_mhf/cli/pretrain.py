@@ -45,14 +45,33 @@ import os
 # keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
+from keras_mhf.cli.common import add_training_options  # noqa: E402
 from keras_mhf.cli.common import one_path_or_list  # noqa: E402
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
 from keras_mhf.cli.common import run_reporting_errors
 from keras_mhf.cli.common import training_settings  # noqa: E402
 
+# The defaults of the options `add_training_options` adds.
+PRETRAIN_DEFAULTS = dict(
+    steps=300,
+    learning_rate=2e-3,
+    warmup_steps=30,
+    weight_decay=0.1,
+    validation_fraction=0.05,
+    checkpoint_every=50,
+)
+
 
 def build_parser(prog=None):
     p = parser_from_doc(__doc__, prog)
+    add_model_options(p)
+    add_training_options(p, PRETRAIN_DEFAULTS)
+    add_scaling_options(p)
+    return p
+
+
+def add_model_options(p):
+    """The data, output, tokenizer and architecture options."""
     p.add_argument(
         "--data",
         required=True,
@@ -91,83 +110,10 @@ def build_parser(prog=None):
         "standard)",
     )
     p.add_argument("--extra-layers", type=int, default=0, help="Standard+kL")
-    p.add_argument(
-        "--sequence-length", type=int, default=128, help="tokens per window"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=8,
-        help="global batch size (all devices and processes together)",
-    )
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
-    p.add_argument(
-        "--learning-rate", type=float, default=2e-3, help="peak learning rate"
-    )
-    p.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=30,
-        help="linear warmup before the cosine decay",
-    )
-    p.add_argument(
-        "--weight-decay",
-        type=float,
-        default=0.1,
-        help="AdamW decay (not on norms and biases)",
-    )
-    p.add_argument(
-        "--validation-data",
-        nargs="+",
-        default=None,
-        help="raw text only: held-out files; default: the documents a hash "
-        "of their text puts in the --validation-fraction",
-    )
-    p.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=0.05,
-        help="raw text only: share of documents held out for validation",
-    )
-    p.add_argument(
-        "--validation-blocks",
-        type=int,
-        default=64,
-        help="held-out windows scored at every checkpoint",
-    )
-    p.add_argument(
-        "--no-calibrate",
-        dest="calibrate",
-        action="store_false",
-        help="MHF: keep the paper's scoring rule (temperature 1.0) instead of "
-        "fitting the scoring temperature on the first half of the validation "
-        "windows at the end (the second half is reported either way)"
-        # The formatter would print "(default: True)" for calibrate.
-        "%(default).0s",
-    )
-    p.add_argument(
-        "--no-verify",
-        dest="no_verify",
-        action="store_true",
-        help="do not re-hash the prepared corpus's shards against index.json "
-        "(and check their token ids) when the run starts or resumes",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=50,
-        help="steps between validation, log line and checkpoint",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="raw text only: tokenizer processes when preparing it; every "
-        "core if not given",
-    )
-    p.add_argument(
-        "--mixed-precision", action="store_true", help="train in mixed_bfloat16"
-    )
+
+
+def add_scaling_options(p):
+    """Rematerialisation, the device mesh and the multi-host job."""
     p.add_argument(
         "--rematerialize",
         action="store_true",
@@ -175,12 +121,6 @@ def build_parser(prog=None):
         "checkpointing): larger batches in the same memory, the same "
         "numbers; on JAX's CPU backend start with XLA_FLAGS="
         "--xla_cpu_enable_concurrency_optimized_scheduler=false",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="initialisation and the order of the data",
     )
     p.add_argument(
         "--distribution",
@@ -193,14 +133,6 @@ def build_parser(prog=None):
         default=None,
         help="(batch)x(model) device mesh, e.g. 2x4 (required for "
         "--distribution model)",
-    )
-    p.add_argument(
-        "--compilation-cache",
-        default="auto",
-        metavar="DIR",
-        help="JAX only: a persistent cache of compiled programs, so that a "
-        "resumed run starts training within seconds; 'auto' is "
-        "OUTPUT/compilation_cache, 'none' turns it off",
     )
     hosts = p.add_argument_group(
         "multi-host (JAX)",
@@ -218,12 +150,6 @@ def build_parser(prog=None):
     hosts.add_argument(
         "--process-id", type=int, default=None, help="this process, 0..N-1"
     )
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress bars or messages (the summary is still printed)",
-    )
-    return p
 
 
 def join_processes(args):

@@ -79,7 +79,7 @@ def describe_evaluation(perplexity, last_word, summary):
     )
 
 
-def main(argv=None, prog=None):
+def build_parser(prog=None):
     parser = parser_from_doc(__doc__, prog)
     parser.add_argument(
         "--data",
@@ -116,28 +116,27 @@ def main(argv=None, prog=None):
         default="The for statement",
         help="the prompt both models continue",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def split_corpus(args):
+    """Reads the corpus and writes its slices: `(train.jsonl path,
+    validation.jsonl path, test documents)`.
+
+    Two held-out slices of the last documents: the validation slice (the
+    runs' validation windows; the MHF run fits its scoring temperature on
+    the first half of them) and the test slice, which neither training nor
+    calibration sees, for the evaluation. The training and validation
+    documents are separate files: the MHF run prepares them (tokenizer,
+    token shards) once and the Standard run reuses that prepared corpus."""
+    import keras
 
     from keras_mhf.data import read_documents
-    from keras_mhf.evaluation import evaluate_preset
-    from keras_mhf.evaluation import write_last_word_file
-    from keras_mhf.pretraining import pretrain
-    from keras_mhf.pretraining.logs import plot_comparison
-    from keras_mhf.utils.progress import show_progress
 
-    show_progress()  # evaluation and calibration report progress
-    import keras  # after keras_mhf, which imports TensorFlow quietly
-
-    started = time.time()
-    os.makedirs(args.output, exist_ok=True)
     data = args.data or python_documentation(
         os.path.join(args.output, "python_docs.txt")
     )
     documents = list(read_documents(data))
-    # Two held-out slices of the last documents: the validation slice (the
-    # runs' validation windows; the MHF run fits its scoring temperature on
-    # the first half of them) and the test slice, which neither training nor
-    # calibration sees, for the evaluation below.
     size = max(1, len(documents) // 20)
     held_out = documents[-size:]
     validation = documents[-2 * size : -size]
@@ -149,13 +148,18 @@ def main(argv=None, prog=None):
         f"{2 * size}, {len(validation)} are the validation slice (validation "
         f"and calibration) and {len(held_out)} the test slice (evaluation)."
     )
-    # The training and validation documents as separate files: the MHF run
-    # prepares them (tokenizer, token shards) once and the Standard run
-    # reuses that prepared corpus.
     train_path = write_jsonl(train, os.path.join(args.output, "train.jsonl"))
-    validation_jsonl = write_jsonl(
+    validation_path = write_jsonl(
         validation, os.path.join(args.output, "validation.jsonl")
     )
+    return train_path, validation_path, held_out
+
+
+def train_both(args, train_path, validation_path):
+    """Pre-trains the MHF, then the Standard baseline on its prepared
+    corpus and tokenizer: `(models, run summaries)`, keyed "mhf" and
+    "standard"."""
+    from keras_mhf.pretraining import pretrain
 
     runs, models = {}, {}
     for name, model, arch in (
@@ -168,7 +172,7 @@ def main(argv=None, prog=None):
             train_path if first else runs["mhf"]["data"],
             os.path.join(args.output, name),
             tokenizer=None if first else runs["mhf"]["tokenizer"],
-            validation_data=validation_jsonl if first else None,
+            validation_data=validation_path if first else None,
             vocabulary_size=args.vocabulary_size,
             model=model,
             architecture=arch,
@@ -179,24 +183,22 @@ def main(argv=None, prog=None):
             learning_rate=2e-3,
             warmup_steps=max(args.steps // 10, 1),
         )
+    return models, runs
 
-    comparison = plot_comparison(
-        {
-            f"MHF {args.architecture} (calibrated)": runs["mhf"]["log"],
-            f"Standard {args.architecture.split('_')[0]}": runs["standard"][
-                "log"
-            ],
-        },
-        os.path.join(args.output, "comparison.png"),
-    )
 
-    lm = models["mhf"]
-    lm.compile(sampler="greedy")
-    print(f"\n=== Generation (greedy), prompt {args.prompt!r} ===")
-    print("MHF:     ", lm.generate(args.prompt, max_length=40))
-    standard = models["standard"]
-    standard.compile(sampler="greedy")
-    print("Standard:", standard.generate(args.prompt, max_length=40))
+def generate_both(models, prompt):
+    """Greedy continuations of `prompt` by both models."""
+    print(f"\n=== Generation (greedy), prompt {prompt!r} ===")
+    for name, label in (("mhf", "MHF:     "), ("standard", "Standard:")):
+        models[name].compile(sampler="greedy")
+        print(label, models[name].generate(prompt, max_length=40))
+
+
+def evaluate_both(args, runs, held_out):
+    """Perplexity and last-word accuracy of both presets on the test slice;
+    writes `evaluation.json` and prints one line per model."""
+    from keras_mhf.evaluation import evaluate_preset
+    from keras_mhf.evaluation import write_last_word_file
 
     print(
         "\n=== Evaluation on the test slice (unseen in training and "
@@ -232,42 +234,76 @@ def main(argv=None, prog=None):
             )
         )
 
+
+def export_mhf(lm, output):
+    """The MHF as a TF SavedModel, a `.keras` file and a Hugging Face
+    checkpoint under `output/mhf`: `{label: path}`."""
     print("\n=== Export ===")
-    saved_model = os.path.join(args.output, "mhf", "saved_model")
+    saved_model = os.path.join(output, "mhf", "saved_model")
     lm.export(saved_model, overwrite=True)
     print(
         f"TF SavedModel (serve, score, generate, text endpoints): {saved_model}"
     )
-    keras_file = os.path.join(args.output, "mhf", "model.keras")
+    keras_file = os.path.join(output, "mhf", "model.keras")
     lm.save(keras_file)
     print(f"Keras file (keras.saving.load_model): {keras_file}")
-    hugging_face = os.path.join(args.output, "mhf", "hugging_face")
+    hugging_face = os.path.join(output, "mhf", "hugging_face")
     lm.export_to_transformers(hugging_face, overwrite=True)
     print(
         "Hugging Face checkpoint (the authors' format; from_preset loads it "
         f"back): {hugging_face}"
     )
+    return {
+        "MHF .keras file": keras_file,
+        "MHF TF SavedModel (ids and text endpoints)": saved_model,
+        "MHF Hugging Face checkpoint": hugging_face,
+    }
 
+
+def print_outputs(output, runs, exports, comparison):
+    """Where each artifact of the quickstart went."""
     print("\n=== Where everything went ===")
     for label, path in [
         ("tokenizer", runs["mhf"]["tokenizer"]),
         ("MHF preset (from_preset)", runs["mhf"]["preset"]),
-        ("MHF .keras file", keras_file),
-        ("MHF TF SavedModel (ids and text endpoints)", saved_model),
-        ("MHF Hugging Face checkpoint", hugging_face),
+        *exports.items(),
         ("Standard preset", runs["standard"]["preset"]),
-        ("training logs", os.path.join(args.output, "*", "log.csv")),
-        ("loss plots", os.path.join(args.output, "*", "loss.png")),
+        ("training logs", os.path.join(output, "*", "log.csv")),
+        ("loss plots", os.path.join(output, "*", "loss.png")),
         (
             "validation perplexity, MHF vs Standard",
             comparison or "(not drawn: needs matplotlib)",
         ),
         (
             "evaluation (summary, per example)",
-            os.path.join(args.output, "evaluation.json"),
+            os.path.join(output, "evaluation.json"),
         ),
     ]:
         print(f"  {label:<44} {path}")
+
+
+def main(argv=None, prog=None):
+    args = build_parser(prog).parse_args(argv)
+    from keras_mhf.pretraining.logs import plot_comparison
+    from keras_mhf.utils.progress import show_progress
+
+    show_progress()  # evaluation and calibration report progress
+    started = time.time()
+    os.makedirs(args.output, exist_ok=True)
+    train_path, validation_path, held_out = split_corpus(args)
+    models, runs = train_both(args, train_path, validation_path)
+    standard_trunk = args.architecture.split("_")[0]
+    comparison = plot_comparison(
+        {
+            f"MHF {args.architecture} (calibrated)": runs["mhf"]["log"],
+            f"Standard {standard_trunk}": runs["standard"]["log"],
+        },
+        os.path.join(args.output, "comparison.png"),
+    )
+    generate_both(models, args.prompt)
+    evaluate_both(args, runs, held_out)
+    exports = export_mhf(models["mhf"], args.output)
+    print_outputs(args.output, runs, exports, comparison)
     print(f"\nDone in {time.time() - started:.0f} s.")
 
 
