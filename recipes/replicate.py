@@ -27,9 +27,11 @@ numbers are in the paper-rule columns and its calibrated columns are "—".
 """
 
 import argparse
+import contextlib
 import glob
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -94,6 +96,13 @@ def parse_args(argv=None):
         "run, so all models see identical data), checkpoints and presets of "
         "every run (default: OUTPUT/runs); OUTPUT keeps only the report, the "
         "plot and the training logs",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("adamw", "keras_adamw"),
+        default="adamw",
+        help="adamw: epsilon after bias correction (torch, the authors); "
+        "keras_adamw: Keras' AdamW, as the results before 0.2 were made",
     )
     p.add_argument(
         "--smoke",
@@ -220,6 +229,7 @@ def replicate(
     smoke=False,
     work_dir=None,
     verbose=1,
+    optimizer="adamw",
 ):
     """Runs the comparison; returns the results dict (also written to disk)."""
     import keras
@@ -279,24 +289,27 @@ def replicate(
             keras.config.set_dtype_policy("float32")
             started = time.time()
             run_dir = os.path.join(work_dir, f"seed{seed}", name)
-            lm, summary = pretrain(
-                prepared,
-                run_dir,
-                tokenizer=tokenizer,
-                model=kind,
-                architecture=architecture,
-                extra_layers=extra_layers,
-                signature_rule=rule,
-                sequence_length=sequence_length,
-                batch_size=batch_size,
-                steps=steps,
-                learning_rate=learning_rate,
-                warmup_steps=max(1, steps // 10),
-                validation_blocks=validation_blocks,
-                checkpoint_every=checkpoint_every,
-                seed=seed,
-                verbose=0 if smoke else verbose,
-            )
+            updates = UpdateSizes(steps)
+            with updates.recording():
+                lm, summary = pretrain(
+                    prepared,
+                    run_dir,
+                    tokenizer=tokenizer,
+                    model=kind,
+                    architecture=architecture,
+                    extra_layers=extra_layers,
+                    signature_rule=rule,
+                    sequence_length=sequence_length,
+                    batch_size=batch_size,
+                    steps=steps,
+                    learning_rate=learning_rate,
+                    warmup_steps=max(1, steps // 10),
+                    validation_blocks=validation_blocks,
+                    checkpoint_every=checkpoint_every,
+                    seed=seed,
+                    optimizer=optimizer,
+                    verbose=0 if smoke else verbose,
+                )
             last_word, _ = evaluation.lambada(
                 lm, lm.preprocessor.tokenizer, last_word_path, batch_size
             )
@@ -332,6 +345,9 @@ def replicate(
                     "last_word": last_word,
                     "train_tokens": steps * batch_size * sequence_length,
                     "seconds": round(time.time() - started, 1),
+                    # Relative update size per group of weights at chosen
+                    # steps: ||W_t - W_(t-1)|| / ||W_(t-1)||.
+                    "update_sizes": updates.sizes,
                     "log": os.path.relpath(log_copy, output),
                 }
             )
@@ -345,6 +361,7 @@ def replicate(
                             sequence_length=sequence_length,
                             learning_rate=learning_rate,
                             seeds=seeds,
+                            optimizer=optimizer,
                             tokenizer=os.path.basename(tokenizer),
                             data=str(data),
                         ),
@@ -357,6 +374,77 @@ def replicate(
         f.write(markdown(runs, seeds))
     plot(runs, os.path.join(output, "val_loss.png"))
     return runs
+
+
+# Groups of weights whose update sizes a run records (paths matched in order;
+# a weight joins the first group it matches).
+UPDATE_GROUPS = (
+    ("gate scorer", r"hash_encoder/(gate|score)_dense/"),
+    ("encoder output", r"hash_encoder/output_dense/"),
+    ("bucket tables", r"hash_encoder/embeddings_"),
+    ("mixers' first layers", r"hash_decoder/mixer_\d+_down_dense/kernel"),
+    ("mixers (other weights)", r"hash_decoder/mixer_"),
+    ("output heads", r"hash_decoder/"),
+    ("token embedding", r"token_embedding/"),
+    ("trunk", r"transformer_layer_|sequence_output_layernorm"),
+)
+UPDATE_STEPS = (2, 3, 5, 10, 20, 50, 100, 200, 300, 400)
+
+
+class UpdateSizes:
+    """Records, at `UPDATE_STEPS`, each weight group's relative update
+    ||W_t - W_(t-1)|| / ||W_(t-1)|| (Frobenius norms over the group), from
+    the pre-training run's `"train_step"` hook. `sizes`:
+    `{group: {step: size}}`."""
+
+    def __init__(self, steps):
+        self.steps = [t for t in UPDATE_STEPS if t <= steps]
+        self.sizes = {}
+        self._before = None
+
+    def _groups(self, model):
+        import keras
+
+        groups = {}
+        for variable in model.trainable_variables:
+            for name, pattern in UPDATE_GROUPS:
+                if re.search(pattern, variable.path):
+                    value = keras.ops.convert_to_numpy(variable.value)
+                    groups.setdefault(name, []).append(
+                        value.astype("float64").ravel()
+                    )
+                    break
+        return {k: np.concatenate(v) for k, v in groups.items()}
+
+    def event(self, name, **info):
+        if name != "train_step":
+            return
+        step = info["step"]
+        if step + 1 in self.steps:
+            self._before = self._groups(info["callback"].model)
+        elif step in self.steps and self._before is not None:
+            after = self._groups(info["callback"].model)
+            for group, old in self._before.items():
+                size = np.linalg.norm(after[group] - old) / np.linalg.norm(old)
+                self.sizes.setdefault(group, {})[str(step)] = float(size)
+            self._before = None
+
+    @contextlib.contextmanager
+    def recording(self):
+        """Records while the `with` block runs (the hooks chain)."""
+        from keras_mhf.utils import hooks
+
+        original = hooks.event
+
+        def event(name, **info):
+            original(name, **info)
+            self.event(name, **info)
+
+        hooks.event = event
+        try:
+            yield self
+        finally:
+            hooks.event = original
 
 
 def _fmt(values, digits):
@@ -483,6 +571,7 @@ def main(argv=None):
         args.models,
         args.smoke,
         args.work_dir,
+        optimizer=args.optimizer,
     )
     print(markdown(runs, args.seeds))
 

@@ -128,6 +128,7 @@ APPLICATION_PREFIXES = (
 LOWER_PREFIXES = (
     "keras_mhf.layers",
     "keras_mhf.losses",
+    "keras_mhf.optimizers",
     "keras_mhf.utils",
     "keras_mhf.signatures",
 )
@@ -224,6 +225,7 @@ def test_the_top_level_holds_only_pipeline_folders():
         "layers",
         "losses",
         "models",
+        "optimizers",
         "pretraining",
         "signatures",
         "utils",

@@ -44,6 +44,7 @@ TRAINING_OPTIONS = (
     "learning_rate",
     "warmup_steps",
     "weight_decay",
+    "optimizer",
     "validation_fraction",
     "validation_blocks",
     "checkpoint_every",
@@ -89,6 +90,14 @@ def add_training_options(p, defaults):
         type=float,
         default=defaults["weight_decay"],
         help="AdamW decay (not on norms and biases)",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=("adamw", "keras_adamw"),
+        default="adamw",
+        help="adamw: epsilon after bias correction, as torch.optim.AdamW and "
+        "the authors' runs; keras_adamw: Keras' AdamW (epsilon before the "
+        "correction; runs made before 0.2)",
     )
     _add_validation_and_run_options(p, defaults)
 

@@ -142,6 +142,7 @@ def _optimizer_settings(config):
         "learning_rate": config.learning_rate,
         "warmup_steps": config.warmup_steps,
         "weight_decay": config.weight_decay,
+        "optimizer": config.optimizer,
     }
 
 
@@ -341,7 +342,9 @@ def resume(config, lm, data):
             + "). Rerun with the settings it was made with to resume it, or "
             "use a new --output."
         )
-    changed = _differences(state["optimizer"], _optimizer_settings(config))
+    # Checkpoints of 0.1 do not name the optimizer: Keras' AdamW.
+    recorded = {"optimizer": "keras_adamw", **state["optimizer"]}
+    changed = _differences(recorded, _optimizer_settings(config))
     if changed:
         warnings.warn(
             f"Resuming from step {state['step']} with other optimizer "

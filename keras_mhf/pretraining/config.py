@@ -28,6 +28,8 @@ from keras_mhf.pretraining.errors import RunConfigError
 MODELS = ("mhf", "standard")
 SIGNATURE_RULES = ("unique", "reference", "repeated")
 DISTRIBUTIONS = (None, "data", "model")
+# `make_optimizer`'s names (see keras_mhf.pretraining.training).
+OPTIMIZERS = ("adamw", "keras_adamw")
 
 
 def _is_int(value):
@@ -50,7 +52,9 @@ class RunConfig:
     the single-ID ablation), `sequence_length`, `batch_size`
     (global, over all devices and processes), `steps` (optimizer
     steps), `learning_rate` (peak), `warmup_steps`, `weight_decay`
-    (not on norms and biases), `validation_data` (raw text only:
+    (not on norms and biases), `optimizer` (`"adamw"`: epsilon after
+    bias correction, as torch and the authors, `BiasCorrectedAdamW`;
+    `"keras_adamw"`: Keras' `AdamW`), `validation_data` (raw text only:
     held-out text; if `None`, the documents whose
     `keras_mhf.data.validation_score` is below
     `validation_fraction`), `validation_blocks` (this many held-out
@@ -98,6 +102,7 @@ class RunConfig:
     learning_rate: float = 2e-3
     warmup_steps: int = 30
     weight_decay: float = 0.1
+    optimizer: str = "adamw"
     validation_data: object = None
     validation_fraction: float = 0.05
     validation_blocks: int = 64
@@ -322,6 +327,13 @@ _RULES = (
         _rule(
             lambda v: v in MODELS,
             "{flag} must be 'mhf' or 'standard', got {value!r}",
+        ),
+    ),
+    (
+        "optimizer",
+        _rule(
+            lambda v: v in OPTIMIZERS,
+            f"{{flag}} must be one of {sorted(OPTIMIZERS)}, got {{value!r}}",
         ),
     ),
     (

@@ -17,8 +17,10 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
     MultiHashFormerCausalLM,
 )
 from keras_mhf.models.standard.standard_causal_lm import standard_causal_lm
+from keras_mhf.optimizers import BiasCorrectedAdamW
 from keras_mhf.pretraining.checkpoints import check_finite
 from keras_mhf.pretraining.checkpoints import non_finite_stop
+from keras_mhf.pretraining.config import OPTIMIZERS
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
@@ -26,9 +28,15 @@ from keras_mhf.pretraining.presets import load_initial_model
 from keras_mhf.utils import hooks
 
 
-def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):
+def make_optimizer(
+    learning_rate, total_steps, warmup_steps, weight_decay=0.1, name="adamw"
+):
     """AdamW, linear warmup then cosine decay to 0, global-norm clipping 1.0,
-    weight decay on kernels and tables only (not on norms or biases).
+    weight decay on kernels and tables only (not on norms or biases): the
+    authors' recipe. `name`: `"adamw"` adds epsilon after bias correction
+    (`keras_mhf.optimizers.BiasCorrectedAdamW`, as `torch.optim.AdamW`);
+    `"keras_adamw"` is Keras' `AdamW` (epsilon before the correction, our
+    runs before 0.2).
 
     Example:
 
@@ -44,7 +52,12 @@ def make_optimizer(learning_rate, total_steps, warmup_steps, weight_decay=0.1):
         warmup_steps=warmup_steps,
         alpha=0.0,
     )
-    optimizer = keras.optimizers.AdamW(
+    if name not in OPTIMIZERS:
+        raise ValueError(
+            f"Unknown optimizer {name!r}: use one of {sorted(OPTIMIZERS)}."
+        )
+    kind = BiasCorrectedAdamW if name == "adamw" else keras.optimizers.AdamW
+    optimizer = kind(
         learning_rate=schedule,
         weight_decay=weight_decay,
         beta_1=0.9,
@@ -164,6 +177,7 @@ def build_run_model(config, tokenizer):
         config.steps,
         config.warmup_steps,
         config.weight_decay,
+        config.optimizer,
     )
     lm.compile(optimizer=optimizer)
     return lm
@@ -194,7 +208,9 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = self.first_step + batch + 1
-        hooks.event("train_step", step=step)
+        # `callback`, not `self.model`: reading `.model` syncs JAX's state
+        # into the variables, which a hook does only when it needs them.
+        hooks.event("train_step", step=step, callback=self)
         loss = (logs or {}).get("loss")
         if loss is None:
             return

@@ -40,8 +40,9 @@ def event(name, **info):
       `chunks`: the chunks this call has run so far): fires before each
       chunk's training; raising `Stop` ends the run there with its
       `"incomplete"` summary (any other exception fails the run).
-    - `"train_step"` (`step`: the global step just run; fires after every
-      optimizer step).
+    - `"train_step"` (`step`: the global step just run; `callback`: the
+      Keras callback whose `.model` is the model being trained, its
+      weights as of this step; fires after every optimizer step).
     - `"weights_written"` (`path`: the weights file in the temporary
       checkpoint directory), `"checkpoint_complete"` (`path`: the complete
       temporary directory, before its rename), `"checkpoint_renamed"`

@@ -30,6 +30,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
 )
 from keras_mhf.models.next_token_scorer import target_losses
 from keras_mhf.models.preset_consistency import check_preset_consistency
+from keras_mhf.optimizers import BiasCorrectedAdamW
 from keras_mhf.utils import keras_utils
 
 
@@ -218,8 +219,12 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         sampler="top_k",
         **kwargs,
     ):
-        """`CausalLM.compile` with `SignatureCrossEntropy` as the default loss
-        and no default metric (metrics see the targets' signatures)."""
+        """`CausalLM.compile` with `SignatureCrossEntropy` as the default loss,
+        no default metric (metrics see the targets' signatures) and, for
+        `"auto"`, KerasHub's default optimizer (Adam, 2e-5) with epsilon
+        after bias correction as torch (`BiasCorrectedAdamW`, no decay)."""
+        if isinstance(optimizer, str) and optimizer == "auto":
+            optimizer = BiasCorrectedAdamW(learning_rate=2e-5, weight_decay=0.0)
         super().compile(
             optimizer=optimizer,
             loss=SignatureCrossEntropy() if loss == "auto" else loss,
