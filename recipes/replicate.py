@@ -63,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--trunk", default="mini", help="trunk shared by every model"
     )
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--sequence-length", type=int, default=128)
     p.add_argument("--learning-rate", type=float, default=2e-3)
@@ -217,7 +217,7 @@ def replicate(
     tokenizer,
     output,
     trunk="mini",
-    steps=400,
+    steps=300,
     batch_size=8,
     sequence_length=128,
     learning_rate=2e-3,
@@ -388,7 +388,7 @@ UPDATE_GROUPS = (
     ("token embedding", r"token_embedding/"),
     ("trunk", r"transformer_layer_|sequence_output_layernorm"),
 )
-UPDATE_STEPS = (2, 3, 5, 10, 20, 50, 100, 200, 300, 400)
+UPDATE_STEPS = (2, 3, 5, 10, 20, 50, 100, 150, 200, 250)
 
 
 class UpdateSizes:
@@ -420,14 +420,16 @@ class UpdateSizes:
         if name != "train_step":
             return
         step = info["step"]
-        if step + 1 in self.steps:
-            self._before = self._groups(info["callback"].model)
-        elif step in self.steps and self._before is not None:
-            after = self._groups(info["callback"].model)
+        if step not in self.steps and step + 1 not in self.steps:
+            return
+        now = self._groups(info["callback"].model)
+        if step in self.steps and self._before is not None:
             for group, old in self._before.items():
-                size = np.linalg.norm(after[group] - old) / np.linalg.norm(old)
+                size = np.linalg.norm(now[group] - old) / np.linalg.norm(old)
                 self.sizes.setdefault(group, {})[str(step)] = float(size)
-            self._before = None
+        # Steps 2 and 3 are both recorded: step 2's weights are step 3's
+        # "before".
+        self._before = now if step + 1 in self.steps else None
 
     @contextlib.contextmanager
     def recording(self):

@@ -32,6 +32,7 @@ BACKEND_INDEPENDENT = {
     "test_prepare_data.py",
     "test_signature_lsh.py",
     "test_signature_table.py",
+    "test_task_files.py",
     # The command line's argument handling and one smoke run per subcommand;
     # the functions behind them are tested on every backend.
     "test_cli.py",

@@ -50,6 +50,7 @@ TRAINING_OPTIONS = (
     "checkpoint_every",
     "calibrate",
     "workers",
+    "on_error",
     "mixed_precision",
     "seed",
     "compilation_cache",
@@ -139,6 +140,14 @@ def _add_validation_and_run_options(p, defaults):
         "windows (the second half is reported either way)"
         # The formatter would print "(default: True)" for calibrate.
         "%(default).0s",
+    )
+    p.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="raw text only: a bad line (not UTF-8, invalid JSON, no string "
+        "'text', a cut-short .gz) stops the run with its file:line (fail) or "
+        "is skipped with a warning (skip)",
     )
     p.add_argument(
         "--no-verify",

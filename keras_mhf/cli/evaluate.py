@@ -80,6 +80,14 @@ def build_parser(prog=None):
         "computed; a rerun resumes",
     )
     p.add_argument(
+        "--on-error",
+        choices=("fail", "skip"),
+        default="fail",
+        help="a bad line of a --lambada, --multiple-choice or --card660 file "
+        "stops the evaluation with its file:line (fail) or is left out with "
+        "a warning, counted in the task's skipped_lines (skip)",
+    )
+    p.add_argument(
         "--no-progress",
         action="store_true",
         help="no progress lines (on stderr) for the long tasks",
@@ -103,6 +111,7 @@ def main(argv=None, prog=None):
         args.batch_size,
         args.output,
         progress=not args.no_progress,
+        on_error=args.on_error,
     )
     print(json.dumps(results, indent=2))
     return results

@@ -24,6 +24,7 @@ import gzip
 import json
 import os
 import warnings
+import zlib
 from glob import glob
 from typing import NamedTuple
 
@@ -317,7 +318,7 @@ class DocumentReader:
         with raw, stream:
             if offset:
                 stream.seek(offset)
-            for data in stream:
+            for data in self._compressed_lines(stream, path, line):
                 if offset == 0 and data.startswith(_BOM):
                     data = data[len(_BOM) :]
                     offset += len(_BOM)
@@ -332,6 +333,27 @@ class DocumentReader:
                     text, error = None, e
                 yield line, text, error, offset
                 line += 1
+
+    def _compressed_lines(self, stream, path, line):
+        """The raw lines of `stream`; a `.gz` file that ends early or is
+        damaged goes to `_bad` at the line where it breaks (with "skip",
+        the rest of that file is left out)."""
+        lines = iter(stream)
+        while True:
+            try:
+                data = next(lines)
+            except StopIteration:
+                return
+            except (EOFError, OSError, zlib.error) as error:
+                self._bad(
+                    path,
+                    line,
+                    f"the compressed file is cut short or damaged ({error})",
+                    what="the rest of the file",
+                )
+                return
+            yield data
+            line += 1
 
     def _decoded_lines(self, path, offset, line):
         """`(line number, text, end offset)` of `_numbered_lines`, without

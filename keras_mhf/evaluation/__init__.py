@@ -25,7 +25,9 @@ from keras_mhf.evaluation.scoring import perplexity
 from keras_mhf.evaluation.scoring import perplexity_details
 from keras_mhf.evaluation.scoring import reference_next_token_scores
 from keras_mhf.evaluation.scoring import token_log_likelihoods
+from keras_mhf.evaluation.tasks import TaskFileError
+from keras_mhf.evaluation.tasks import TaskFileWarning
 from keras_mhf.evaluation.tasks import lambada
 from keras_mhf.evaluation.tasks import multiple_choice
-from keras_mhf.evaluation.tasks import read_jsonl
+from keras_mhf.evaluation.tasks import read_task_file
 from keras_mhf.evaluation.tasks import write_last_word_file

@@ -26,6 +26,7 @@ from keras import ops
 
 from keras_mhf.models.next_token_scorer import CausalLMHead
 from keras_mhf.models.next_token_scorer import compiled_scorer
+from keras_mhf.models.next_token_scorer import predict
 from keras_mhf.utils.progress import Progress
 
 MIN_TOKENS = 100
@@ -78,7 +79,7 @@ def raw_scores(causal_lm, blocks, batch_size=8, progress=None):
     progress = Progress("calibration", len(blocks), "blocks", progress)
     for start in range(0, len(blocks), batch_size):
         batch = blocks[start : start + batch_size]
-        out = model.predict_on_batch([batch, np.ones_like(batch)])
+        out = predict(causal_lm, model, [batch, np.ones_like(batch)])
         out = np.asarray(ops.convert_to_numpy(out), "float32")
         scores.append(out.reshape(-1, out.shape[-1]))
         progress.update(min(start + batch_size, len(blocks)))

@@ -6,6 +6,8 @@ from keras import ops
 
 from keras_mhf.evaluation.scoring import encode_text
 from keras_mhf.evaluation.scoring import pad_batch
+from keras_mhf.evaluation.tasks import TaskFileError
+from keras_mhf.evaluation.tasks import read_task_file
 
 
 def last_token_hidden_states(model, tokenizer, texts, batch_size=16):
@@ -76,35 +78,49 @@ def spearman(x, y):
     return pearson(_ranks(x), _ranks(y))
 
 
-def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
+def parse_card660(line):
+    """A Card-660 line, `word1<TAB>word2<TAB>score`, as `(word1, word2,
+    score)` (`_` in multi-word terms read as a space)."""
+    parts = line.rstrip("\r\n").split("\t")
+    if len(parts) < 3:
+        raise ValueError(
+            f"expected word1<TAB>word2<TAB>score, got {len(parts)} field(s)"
+        )
+    words = [part.replace("_", " ") for part in parts[:2]]
+    if not all(word.strip() for word in words):
+        raise ValueError("an empty word")
+    try:
+        score = float(parts[2])
+    except ValueError:
+        raise ValueError(f"the score {parts[2]!r} is not a number") from None
+    if not np.isfinite(score):
+        raise ValueError(f"the score {parts[2]!r} is not finite")
+    return words[0], words[1], score
+
+
+def rare_word_similarity(
+    model, tokenizer, path, batch_size=16, limit=None, on_error="fail"
+):
     """Card-660-format word similarity (TSV `word1<TAB>word2<TAB>score`;
     `_` in multi-word terms is read as a space).
 
     Cosine similarity of the last token's hidden states (final layer and
     second-to-last layer) against the human scores, Pearson and Spearman
-    (paper Sec. 4.3).
+    (paper Sec. 4.3). Bad lines and `on_error` as in
+    `keras_mhf.evaluation.tasks.read_task_file`; fewer than 2 pairs raise
+    `TaskFileError`.
 
     Returns:
         `(metrics, per_example)`.
     """
-    pairs = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            parts = line.rstrip("\n").split("\t")
-            if len(parts) < 3:
-                raise ValueError(
-                    f"{path}:{number}: expected word1<TAB>word2<TAB>score."
-                )
-            pairs.append(
-                (
-                    parts[0].replace("_", " "),
-                    parts[1].replace("_", " "),
-                    float(parts[2]),
-                )
-            )
-    pairs = pairs[:limit]
+    pairs, skipped = read_task_file(
+        path, parse_card660, on_error, limit, "word pairs"
+    )
+    if len(pairs) < 2:
+        raise TaskFileError(
+            f"{path} holds {len(pairs)} word pair: a correlation needs at "
+            "least 2."
+        )
     words = sorted({w for p in pairs for w in p[:2]})
     final, penultimate = last_token_hidden_states(
         model, tokenizer, words, batch_size
@@ -116,6 +132,8 @@ def rare_word_similarity(model, tokenizer, path, batch_size=16, limit=None):
 
     gold = [p[2] for p in pairs]
     metrics, examples = {"pairs": len(pairs)}, []
+    if skipped:
+        metrics["skipped_lines"] = skipped
     sims = {}
     for name, states in (("final", final), ("second_to_last", penultimate)):
         sims[name] = [

@@ -86,13 +86,19 @@ class EvaluationResults:
                     f.truncate(complete)
             for number, raw in enumerate(data[:complete].splitlines(), 1):
                 try:
-                    lines.append(json.loads(raw))
+                    line = json.loads(raw)
                 except ValueError:
+                    line = None
+                if number > 1 and not _is_record(line):
+                    line = None
+                if line is None:
                     raise ValueError(
-                        f"{self.path}:{number} is not a JSON line: the "
-                        "results file is corrupt. Move it away to evaluate "
-                        "again from the start."
-                    ) from None
+                        f"{self.path}:{number} is not a results line (a JSON "
+                        "object with task, file and index, metrics or "
+                        "sha256): the results file is corrupt. Move it away "
+                        "to evaluate again from the start."
+                    )
+                lines.append(line)
         if lines:
             self._check_header(lines[0])
             for line in lines[1:]:
@@ -148,7 +154,8 @@ class EvaluationResults:
             entry["header"] = line
 
     def _write(self, line):
-        self._file.write(json.dumps(line) + "\n")
+        # allow_nan=False: NaN is not JSON; no line may hold one.
+        self._file.write(json.dumps(line, allow_nan=False) + "\n")
         self._file.flush()
 
     def _close(self):
@@ -182,6 +189,24 @@ class EvaluationResults:
                 "evaluate the new file."
             )
         return TaskResults(self, task, str(file), entry)
+
+
+def _is_record(line):
+    """Whether a results line (after the header) is one this module writes:
+    a task's header, an example's record or a task's metrics."""
+    if not isinstance(line, dict):
+        return False
+    if not isinstance(line.get("task"), str) or not isinstance(
+        line.get("file"), str
+    ):
+        return False
+    if "index" in line:
+        return isinstance(line["index"], int) and not isinstance(
+            line["index"], bool
+        )
+    if "metrics" in line:
+        return isinstance(line["metrics"], dict)
+    return isinstance(line.get("sha256"), str)
 
 
 class TaskResults:

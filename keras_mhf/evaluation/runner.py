@@ -25,9 +25,15 @@ def evaluate_preset(
     batch_size=8,
     output=None,
     progress=None,
+    on_error="fail",
 ):
     """Loads a MHF or Standard preset and runs the requested evaluations
     (the engine behind `keras-mhf evaluate`).
+
+    `on_error`: a bad line of a LAMBADA, multiple-choice or Card-660 file
+    stops the evaluation naming its `file:line` (`"fail"`) or is left out
+    with a warning and counted in the task's `skipped_lines` (`"skip"`);
+    see `keras_mhf.evaluation.tasks.read_task_file`.
 
     `progress` reports each long task's progress with an ETA on stderr
     (`None`: the `keras_mhf.utils.progress.show_progress` setting).
@@ -84,6 +90,7 @@ def evaluate_preset(
                     limit,
                     batch_size,
                     progress,
+                    on_error,
                 )
                 if stream is not None:
                     stream.finish(metrics)
@@ -123,13 +130,21 @@ def _evaluate_task(
     limit,
     batch_size,
     progress,
+    on_error,
 ):
     """One task of `evaluate_preset`: its metrics; per-example records go
     to `stream` (a `TaskResults`, or `None`)."""
     if task in ("lambada", "multiple_choice"):
         run = lambada if task == "lambada" else multiple_choice
         metrics, _ = run(
-            model, tokenizer, path, batch_size, limit, progress, stream
+            model,
+            tokenizer,
+            path,
+            batch_size,
+            limit,
+            progress,
+            stream,
+            on_error,
         )
         return metrics
     if task == "perplexity":
@@ -159,7 +174,7 @@ def _evaluate_task(
         ]
     else:
         metrics, examples = rare_word_similarity(
-            model, tokenizer, path, batch_size, limit
+            model, tokenizer, path, batch_size, limit, on_error
         )
     if stream is not None:
         for index, example in enumerate(examples):

@@ -9,6 +9,7 @@ import keras_hub
 
 from keras_mhf.models import causal_lm_inputs
 from keras_mhf.models import generation
+from keras_mhf.utils.concurrent_inference import serialized
 from keras_mhf.utils.keras_utils import in_memory_fit
 
 
@@ -40,6 +41,7 @@ class CausalLMMixin:
         with in_memory_fit(x, args, kwargs):  # KerasHub's batching, quietly
             return super().fit(x, y, *args, **kwargs)
 
+    @serialized
     def generate(
         self,
         inputs,

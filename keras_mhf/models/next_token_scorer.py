@@ -17,6 +17,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_mhf.utils.concurrent_inference import inference
 from keras_mhf.utils.token_ids import check_token_ids
 
 
@@ -138,6 +139,15 @@ def compiled_scorer(causal_lm, name, build):
     return scorers[name]
 
 
+def predict(causal_lm, scorer, inputs):
+    """`scorer.predict_on_batch(inputs)` for a compiled scorer of
+    `causal_lm`, one call at a time per model (JAX's compiled predict
+    donates the weights it shares with the model; see
+    `keras_mhf.utils.concurrent_inference`)."""
+    with inference(causal_lm):
+        return scorer.predict_on_batch(inputs)
+
+
 def built_scorer(causal_lm, name):
     """The compiled scorer `name` of `causal_lm` if it was built (and not
     forgotten since), else `None`; builds nothing."""
@@ -162,13 +172,15 @@ def target_losses(causal_lm, token_ids, padding_mask, target_ids):
 
     scorer = compiled_scorer(causal_lm, TARGET_LOSSES, build)
     token_ids = np.asarray(ops.convert_to_numpy(token_ids), "int32")
-    out = scorer.predict_on_batch(
+    out = predict(
+        causal_lm,
+        scorer,
         [
             token_ids,
             np.asarray(ops.convert_to_numpy(padding_mask), "int32"),
             np.asarray(ops.convert_to_numpy(target_ids), "int32"),
             temperature_rows(causal_lm, len(token_ids)),
-        ]
+        ],
     )
     return np.asarray(ops.convert_to_numpy(out), "float32")
 
@@ -271,7 +283,7 @@ class NextTokenScorer:
             inputs = [ids, mask]
             if self.takes_temperature:
                 inputs.append(temperature_rows(self.causal_lm, len(ids)))
-            result = self.model.predict_on_batch(inputs)
+            result = predict(self.causal_lm, self.model, inputs)
             for output, values in zip(outputs, result):
                 values = np.asarray(ops.convert_to_numpy(values))
                 output.append(values[:rows, : length - 1])

@@ -18,6 +18,8 @@ check_preset_consistency("runs/mhf/preset")  # ValueError if edited apart
 ```
 """
 
+import contextlib
+import contextvars
 import json
 import os
 
@@ -31,6 +33,11 @@ _PAIRS = (
     ),
 )
 _WEIGHT_FILES = ("model.weights.h5", "model.weights.json")
+# Set by `MultiHashFormerCausalLM.from_preset(..., scoring_temperature=T)`:
+# the caller chose the task's settings, so a lost task.json is no loss.
+_TASK_SETTINGS_GIVEN = contextvars.ContextVar(
+    "task_settings_given", default=False
+)
 _MAX_LISTED = 8
 
 
@@ -102,6 +109,8 @@ def check_preset_consistency(preset):
     preset = os.fspath(preset)
     if not os.path.isdir(preset):
         return
+    _check_task_file(preset)
+    _check_weights_file(preset)
     for (name_a, keys_a), (name_b, keys_b) in _PAIRS:
         a = _section(preset, name_a, keys_a)
         b = _section(preset, name_b, keys_b)
@@ -124,6 +133,63 @@ def check_preset_consistency(preset):
             "would not be the one edited. Edit both files the same way, or "
             "re-save the model with `save_to_preset`."
         )
+
+
+@contextlib.contextmanager
+def task_settings_given():
+    """Within the block, an MHF task preset without `task.json` loads: the
+    caller passed the task's settings (the scoring temperature)
+    explicitly."""
+    token = _TASK_SETTINGS_GIVEN.set(True)
+    try:
+        yield
+    finally:
+        _TASK_SETTINGS_GIVEN.reset(token)
+
+
+def _check_task_file(preset):
+    """Refuses an MHF task preset (one saved with its preprocessor) whose
+    `task.json` is gone: KerasHub would build the task with defaults, and
+    the calibrated scoring temperature would silently become 1.0."""
+    if _TASK_SETTINGS_GIVEN.get() or os.path.exists(
+        os.path.join(preset, "task.json")
+    ):
+        return
+    config = _section(preset, "config.json", ())
+    if not config or not os.path.exists(
+        os.path.join(preset, "preprocessor.json")
+    ):
+        return  # a backbone preset: it never had task settings
+    if "MultiHashFormer" not in str(
+        config.get("registered_name") or config.get("class_name")
+    ):
+        return  # Standard: a task without settings of its own
+    raise ValueError(
+        f"Preset {preset} has no task.json, though it was saved as a task "
+        "(it has preprocessor.json): the task's settings, such as the "
+        "calibrated scoring temperature, are lost, and the model would "
+        "score with the paper's rule (temperature 1.0) without a word. "
+        "Restore task.json (re-save the model with `save_to_preset`), or "
+        "load it with a temperature on purpose: "
+        "`MultiHashFormerCausalLM.from_preset(preset, "
+        "scoring_temperature=1.0)`."
+    )
+
+
+def _check_weights_file(preset):
+    """Refuses a model preset (it has `config.json`) whose weights file is
+    missing, naming it (KerasHub reports the sharded index it then looks
+    for, `model.weights.json`)."""
+    if not os.path.exists(os.path.join(preset, "config.json")):
+        return  # e.g. a tokenizer preset
+    if any(os.path.exists(os.path.join(preset, n)) for n in _WEIGHT_FILES):
+        return
+    raise ValueError(
+        f"Preset {preset} has no model.weights.h5 (nor a sharded "
+        "model.weights.json): its weights are missing, so the model cannot "
+        "be loaded. Copy the weights file back, or save the model again "
+        "with `save_to_preset`."
+    )
 
 
 def check_preset_of_weights(filepath):

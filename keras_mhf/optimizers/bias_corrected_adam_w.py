@@ -71,3 +71,12 @@ class BiasCorrectedAdamW(keras.optimizers.AdamW):
                 ops.divide(m, denominator), ops.divide(lr, bias_correction_1)
             ),
         )
+
+
+def task_default_optimizer(optimizer):
+    """What our tasks' `compile(optimizer="auto")` uses: KerasHub's default
+    (Adam, learning rate 2e-5, no weight decay) with epsilon after bias
+    correction. Any other `optimizer` is returned as given."""
+    if isinstance(optimizer, str) and optimizer == "auto":
+        return BiasCorrectedAdamW(learning_rate=2e-5, weight_decay=0.0)
+    return optimizer

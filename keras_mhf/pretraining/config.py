@@ -64,7 +64,9 @@ class RunConfig:
     baseline is never calibrated), `checkpoint_every`
     (steps per chunk: validation, log line and checkpoint after each),
     `workers` (tokenizer processes when preparing raw text; default
-    every core), `mixed_precision` (`mixed_bfloat16` for this run),
+    every core), `on_error` (raw text: a bad line stops the run naming
+    its `file:line`, `"fail"`, or is skipped with a warning, `"skip"`),
+    `mixed_precision` (`mixed_bfloat16` for this run),
     `rematerialize` (a new model's blocks are recomputed in the backward
     pass, `MultiHashFormerBackbone(rematerialize=True)`: larger batches in
     the same memory, the same numbers; it is not part of what a resumed
@@ -109,6 +111,7 @@ class RunConfig:
     calibrate: bool = True
     checkpoint_every: int = 50
     workers: int = None
+    on_error: str = "fail"
     mixed_precision: bool = False
     rematerialize: bool = False
     seed: int = 0
@@ -327,6 +330,13 @@ _RULES = (
         _rule(
             lambda v: v in MODELS,
             "{flag} must be 'mhf' or 'standard', got {value!r}",
+        ),
+    ),
+    (
+        "on_error",
+        _rule(
+            lambda v: v in ("fail", "skip"),
+            "{flag} must be 'fail' or 'skip', got {value!r}",
         ),
     ),
     (

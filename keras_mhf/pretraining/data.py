@@ -277,7 +277,8 @@ def _prepare_raw_text(config):
                     return validation_score(text) < fraction
 
             sample = tokenizer_training_sample(
-                read_documents(config.data), exclude=exclude
+                read_documents(config.data, on_error=config.on_error),
+                exclude=exclude,
             )
             train_sentencepiece(sample, config.vocabulary_size, tokenizer_path)
     if os.path.exists(os.path.join(prepared, INDEX_FILE)):
@@ -293,6 +294,7 @@ def _prepare_raw_text(config):
             validation_fraction=config.validation_fraction,
             validation_inputs=config.validation_data,
             workers=config.workers,
+            on_error=config.on_error,
             progress=bool(config.verbose),
         )
     except ValueError as error:

@@ -39,6 +39,7 @@ from keras_mhf.utils.files import fsync_directory
 from keras_mhf.utils.files import fsync_file
 from keras_mhf.utils.files import write_json
 from keras_mhf.utils.keras_utils import count_trainable_parameters
+from keras_mhf.utils.output_lock import LOCK_FILE
 from keras_mhf.utils.output_lock import output_lock
 
 
@@ -282,6 +283,7 @@ def pretrain(data, output_dir, **settings):
     """
     config = RunConfig(data=data, output_dir=output_dir, **settings)
     config.validate()
+    existing = _entries(config.output_dir)
     with contextlib.ExitStack() as stack:
         if is_primary():  # only process 0 writes
             stack.enter_context(
@@ -300,6 +302,8 @@ def pretrain(data, output_dir, **settings):
             # training) writes nothing; every other exit is summarised.
             if is_primary() and not isinstance(error, RunConfigError):
                 _write_summary(config, _failure_summary(config, error))
+            elif is_primary():  # refused: remove what this call created
+                _remove_new_entries(config.output_dir, existing)
             if is_disk_full(error):
                 raise DiskFullError(
                     f"no space left on device while writing to "
@@ -311,6 +315,24 @@ def pretrain(data, output_dir, **settings):
         if is_primary():
             _write_summary(config, summary)
     return lm, summary
+
+
+def _entries(directory):
+    """The names in `directory` (none if it does not exist)."""
+    return set(os.listdir(directory)) if os.path.isdir(directory) else set()
+
+
+def _remove_new_entries(directory, existing):
+    """Removes what a refused run wrote to `directory` (the names not in
+    `existing`, e.g. `data/` and `run.json`), so that the corrected command
+    starts afresh; the lock file goes when the lock is released."""
+    for name in _entries(directory) - existing - {LOCK_FILE}:
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
 
 
 def _run(config):

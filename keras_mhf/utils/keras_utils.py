@@ -276,3 +276,38 @@ def dense_layout(x):
     if keras.config.backend() == "torch":
         return x.contiguous()
     return x
+
+
+def preset_dtype(serialized):
+    """A backbone config's serialized `dtype`, as a preset can load it back.
+
+    KerasHub's preset loader casts any saved policy whose name is not a
+    plain float dtype to... nothing: `mixed_bfloat16` fails in its
+    `_resolve_dtype` ("Invalid dtype"). A policy map is passed through as
+    saved, so a mixed policy is saved as a `DTypePolicyMap` with no entries
+    whose default is that policy; `model_dtype` turns it back."""
+    if not isinstance(serialized, dict):
+        return serialized
+    name = (serialized.get("config") or {}).get("name")
+    if serialized.get("class_name") != "DTypePolicy" or not name:
+        return serialized
+    policy = keras.dtype_policies.get(name)
+    if policy.compute_dtype == policy.variable_dtype:
+        return serialized
+    return keras.dtype_policies.serialize(
+        keras.dtype_policies.DTypePolicyMap(default_policy=name)
+    )
+
+
+def model_dtype(dtype):
+    """A backbone's `dtype` argument with a `preset_dtype` policy map (no
+    entries) turned back into its policy; anything else as given."""
+    if isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicyMap":
+        config = dtype.get("config") or {}
+        if not config.get("policy_map"):
+            return config.get("default_policy")
+    if isinstance(dtype, keras.dtype_policies.DTypePolicyMap) and not len(
+        dtype
+    ):
+        return dtype.default_policy.name
+    return dtype

@@ -98,10 +98,11 @@ def _read_holder(descriptor):
         return {}
 
 
-def _acquire(path, directory):
-    """An open descriptor of `path` holding its exclusive lock. A lock
-    file removed by its previous holder between our open and our lock is
-    opened again (so that two processes never lock different files)."""
+def _acquire(path, target):
+    """An open descriptor of `path` holding its exclusive lock (of
+    `target`: the directory, or the one file it guards). A lock file
+    removed by its previous holder between our open and our lock is opened
+    again (so that two processes never lock different files)."""
     for _ in range(100):
         descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -110,10 +111,9 @@ def _acquire(path, directory):
             holder = _read_holder(descriptor)
             os.close(descriptor)
             raise OutputLockedError(
-                f"{directory} is being written by {_describe(holder)}. "
-                "Only one run may write to a directory at a time: wait "
-                "for it to finish (or stop it), or use another output "
-                "directory.",
+                f"{target} is being written by {_describe(holder)}. "
+                "Only one process may write to it at a time: wait for it "
+                "to finish (or stop it), or use another output.",
                 holder,
             ) from None
         try:
@@ -168,7 +168,12 @@ def output_lock(directory, purpose, lock_name=LOCK_FILE):
         yield {}
         return
     try:
-        descriptor = _acquire(path, directory)
+        # A lock of its own name guards one file, `.NAME.lock` -> NAME.
+        target = directory
+        if lock_name != LOCK_FILE:
+            name = lock_name.removeprefix(".").removesuffix(".lock")
+            target = os.path.join(directory, name)
+        descriptor = _acquire(path, target)
     except BaseException:
         if created:
             _remove_if_empty(directory)

@@ -282,3 +282,24 @@ def test_many_bad_lines_are_all_counted_and_summarised(tmp_path):
     assert len(messages) == documents_module.WARN_LINES + 1
     assert "Further bad lines are counted" in messages[-2]
     assert messages[-1].startswith("Skipped 30 bad lines in all")
+
+
+def test_a_cut_short_gz_file_is_named(tmp_path):
+    lines = [json.dumps({"text": f"document {i} " * 20}) for i in range(400)]
+    data = gzip.compress(("\n".join(lines) + "\n").encode())
+    path = tmp_path / "cut.jsonl.gz"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        ValueError,
+        match=r"cut.jsonl.gz:\d+: the compressed file is cut short.*--on-error skip",
+    ):
+        list(DocumentReader(str(path)))
+    with pytest.warns(
+        CorpusWarning, match="cut short.*skipped the rest of the file"
+    ):
+        documents = list(DocumentReader(str(path), on_error="skip"))
+    assert 0 < len(documents) < 400
+    assert (
+        documents[-1].text
+        == json.loads(lines[len(documents) - 1])["text"].strip()
+    )

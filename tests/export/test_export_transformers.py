@@ -4,6 +4,7 @@ tokenizer files, and the write's guarantees (refusals, atomicity)."""
 
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -371,3 +372,47 @@ def test_bfloat16_weights_are_written_and_read(mhf, mhf_dir, tmp_path):
         if value.dtype.kind == "f":
             value = value.astype(bf16).astype("float32")
         np.testing.assert_array_equal(ops.convert_to_numpy(weight), value)
+
+
+def test_imported_tokenizer_files_must_agree(mhf_dir, tmp_path):
+    replaced = tmp_path / "replaced"
+    shutil.copytree(mhf_dir, replaced)
+    tokenizer_json = json.loads((replaced / "tokenizer.json").read_text())
+    vocab = tokenizer_json["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[10:12]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (replaced / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    with pytest.raises(
+        ValueError,
+        match=r"tokenizer.json and .*tokenizer.model disagree: token 10",
+    ):
+        MultiHashFormerCausalLM.from_preset(str(replaced))
+    # Without tokenizer.model: loaded for token ids, with a warning.
+    (replaced / "tokenizer.model").unlink()
+    with pytest.warns(
+        UserWarning,
+        match="has no tokenizer.model .*tokenizer.json is not read.*without a tokenizer",
+    ):
+        bare = MultiHashFormerCausalLM.from_preset(str(replaced))
+    assert bare.preprocessor is None
+
+
+def test_a_transposed_tensor_is_named_with_both_shapes(mhf_dir, tmp_path):
+    import safetensors.numpy
+
+    swapped = tmp_path / "swapped"
+    shutil.copytree(mhf_dir, swapped)
+    tensors = safetensors.numpy.load_file(str(swapped / "model.safetensors"))
+    key = "model.layers.0.mlp.down_proj.weight"
+    rows, columns = tensors[key].shape
+    tensors[key] = np.ascontiguousarray(tensors[key].T)
+    safetensors.numpy.save_file(
+        tensors, str(swapped / "model.safetensors"), metadata={"format": "pt"}
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"down_proj.weight' has shape \({columns}, {rows}\), which "
+        rf"converts to \({rows}, {columns}\), not the Keras variable's "
+        rf"\({columns}, {rows}\): the tensor is stored transposed",
+    ):
+        MultiHashFormerCausalLM.from_preset(str(swapped))

@@ -233,3 +233,49 @@ def test_presets_and_keras_files_saved_by_0_1_load_and_reproduce():
         token_ids=mhf["token_ids"], padding_mask=mhf["padding_mask"]
     )
     check_legacy_scores(standard, expected, "standard")
+
+
+def test_a_task_preset_without_task_json_is_refused(presets, tmp_path):
+    preset = tmp_path / "no_task"
+    shutil.copytree(presets / "mhf", preset)
+    task = json.loads((preset / "task.json").read_text())
+    task["config"]["scoring_temperature"] = 1.9
+    (preset / "task.json").write_text(json.dumps(task))
+    assert (
+        MultiHashFormerCausalLM.from_preset(str(preset)).scoring_temperature
+        == 1.9
+    )
+    (preset / "task.json").unlink()
+    # Every route: the task class, KerasHub's base class, the preprocessor.
+    for load in (
+        MultiHashFormerCausalLM.from_preset,
+        keras_hub.models.CausalLM.from_preset,
+    ):
+        with pytest.raises(ValueError, match="has no task.json.*temperature"):
+            load(str(preset))
+    # An explicit temperature is a choice: it loads with it.
+    lm = MultiHashFormerCausalLM.from_preset(
+        str(preset), scoring_temperature=1.0
+    )
+    assert lm.scoring_temperature == 1.0
+    # A Standard preset has no task settings to lose; a backbone preset
+    # (no preprocessor.json) never had any.
+    standard = tmp_path / "standard"
+    shutil.copytree(presets / "standard", standard)
+    (standard / "task.json").unlink()
+    StandardCausalLM.from_preset(str(standard))
+    backbone_only = tmp_path / "backbone"
+    lm.backbone.save_to_preset(str(backbone_only))
+    keras_hub.models.Backbone.from_preset(str(backbone_only))
+
+
+def test_a_preset_without_its_weights_file_names_it(presets, tmp_path):
+    preset = tmp_path / "no_weights"
+    shutil.copytree(presets / "mhf", preset)
+    (preset / "model.weights.h5").unlink()
+    for load in (
+        MultiHashFormerCausalLM.from_preset,
+        keras_hub.models.CausalLM.from_preset,
+    ):
+        with pytest.raises(ValueError, match="has no model.weights.h5"):
+            load(str(preset))

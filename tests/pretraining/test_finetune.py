@@ -203,3 +203,44 @@ def test_bad_presets_and_ranks_are_refused(setup, tmp_path, capsys):
         capsys,
     )
     assert status == 2 and "--lora-rank must be" in err
+
+
+def test_a_refused_run_leaves_nothing_and_bad_lines_can_be_skipped(
+    setup, tmp_path
+):
+    import gzip
+
+    from keras_mhf.data import CorpusWarning
+    from keras_mhf.pretraining import RunConfigError
+    from keras_mhf.pretraining import finetune
+
+    _, preset, documents = setup
+    lines = open(documents, encoding="utf-8").read().splitlines()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        "\n".join(lines[:50] + ['{"text": null}'] + lines[50:]) + "\n"
+    )
+    output = tmp_path / "out"
+    with pytest.raises(
+        RunConfigError, match=r"bad.jsonl:51: 'text' is null.*--on-error skip"
+    ):
+        finetune(preset, str(bad), str(output), **RUN)
+    # Nothing of the refused run is left (data/, run.json, the tokenizer):
+    # the corrected command starts afresh instead of being refused.
+    assert not output.exists()
+    with pytest.warns(CorpusWarning, match="bad.jsonl:51"):
+        with stop_after_chunks(1):
+            _, summary = finetune(
+                preset, str(bad), str(output), on_error="skip", **RUN
+            )
+    assert summary["step"] == 2
+    # A .jsonl.gz cut short is named, and skipped from where it breaks.
+    cut = tmp_path / "cut.jsonl.gz"
+    data = gzip.compress(("\n".join(lines) + "\n").encode())
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        RunConfigError,
+        match=r"cut.jsonl.gz:\d+: the compressed file is cut short",
+    ):
+        finetune(preset, str(cut), str(tmp_path / "out_gz"), **RUN)
+    assert not (tmp_path / "out_gz").exists()

@@ -16,6 +16,9 @@ import numpy as np
 import safetensors
 
 from keras_mhf.export.transformers import weight_names
+from keras_mhf.export.transformers.sentencepiece_tokenizer_files import (
+    checkpoint_tokenizer,
+)
 from keras_mhf.models.multi_hash_former.multi_hash_former_vocabulary import (
     tokenization_fingerprint,
 )
@@ -231,11 +234,16 @@ class _CheckedLoader(SafetensorLoader):
             converted = None
             reason = str(error)
         if converted is None or tuple(converted.shape) != expected:
+            got = (
+                f"which cannot be converted ({reason})"
+                if converted is None
+                else f"which converts to {tuple(converted.shape)}"
+            )
             raise ValueError(
                 f"Tensor '{hf_weight_key}' has shape {tuple(tensor.shape)}, "
-                f"which does not give the expected Keras shape {expected}"
-                + ("" if converted is not None else f" ({reason})")
-                + ". The checkpoint does not match its config.json."
+                f"{got}, not the Keras variable's {expected}: the tensor is "
+                "stored transposed or with other sizes than config.json "
+                "says. The checkpoint does not match its config.json."
             )
         keras_variable.assign(np.asarray(converted, dtype="float32"))
 
@@ -388,14 +396,7 @@ def load_authors_checkpoint(
             num_lsh=kwargs["num_lsh"],
         )
 
-        if isinstance(tokenizer, str):
-            tokenizer = tokenizer_cls(tokenizer)
-        elif tokenizer is None and os.path.exists(
-            os.path.join(directory, "tokenizer.model")
-        ):
-            tokenizer = tokenizer_cls(
-                os.path.join(directory, "tokenizer.model")
-            )
+        tokenizer = checkpoint_tokenizer(directory, tokenizer, tokenizer_cls)
 
         backbone = task_cls.backbone_cls(
             signatures=table,

@@ -9,6 +9,9 @@ import json
 import os
 
 from keras_mhf.export.transformers import convert_multi_hash_former
+from keras_mhf.export.transformers.sentencepiece_tokenizer_files import (
+    checkpoint_tokenizer,
+)
 from keras_mhf.utils.keras_private import convert_qwen3
 
 
@@ -105,12 +108,7 @@ def load_qwen3_checkpoint(
     preprocessor_cls = task_cls.preprocessor_cls
     tokenizer_cls = preprocessor_cls.tokenizer_cls
     backbone = task_cls.backbone_cls(dtype=dtype, **_backbone_kwargs(directory))
-    if isinstance(tokenizer, str):
-        tokenizer = tokenizer_cls(tokenizer)
-    elif tokenizer is None and os.path.exists(
-        os.path.join(directory, "tokenizer.model")
-    ):
-        tokenizer = tokenizer_cls(os.path.join(directory, "tokenizer.model"))
+    tokenizer = checkpoint_tokenizer(directory, tokenizer, tokenizer_cls)
     if tokenizer is not None and (
         tokenizer.vocabulary_size() != backbone.vocabulary_size
     ):

@@ -196,3 +196,76 @@ def write_tokenizer_files(proto, directory, model_max_length=None):
         with open(os.path.join(directory, name), "w") as f:
             json.dump(content, f, indent=2, ensure_ascii=False)
             f.write("\n")
+
+
+def checkpoint_tokenizer(directory, tokenizer, tokenizer_cls):
+    """The tokenizer of a Hugging Face checkpoint directory being imported.
+
+    `tokenizer` (an instance, or a SentencePiece `.model` path) wins; else
+    the directory's `tokenizer.model`, refused if the directory's
+    `tokenizer.json` holds a different vocabulary (one of the two was
+    replaced: the model would tokenize unlike its Hugging Face twin). With
+    no `tokenizer.model`, `None` and a warning: the model is loaded without
+    a tokenizer (it takes token ids).
+
+    Example:
+
+    ```python
+    tokenizer = checkpoint_tokenizer("exported", None, MultiHashFormerTokenizer)
+    ```
+    """
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer_cls(os.fspath(tokenizer))
+    if tokenizer is not None:
+        return tokenizer
+    model_path = os.path.join(directory, "tokenizer.model")
+    json_path = os.path.join(directory, "tokenizer.json")
+    if not os.path.exists(model_path):
+        unread = (
+            " (its tokenizer.json is not read: keras_mhf tokenizers are "
+            "SentencePiece models)"
+            if os.path.exists(json_path)
+            else ""
+        )
+        warnings.warn(
+            f"{directory} has no tokenizer.model{unread}: the model is loaded "
+            "without a tokenizer and takes token ids. Pass tokenizer= (a "
+            "SentencePiece .model) to attach one.",
+            stacklevel=3,
+        )
+        return None
+    tokenizer = tokenizer_cls(model_path)
+    if os.path.exists(json_path):
+        _check_same_vocabulary(json_path, model_path, tokenizer.proto)
+    return tokenizer
+
+
+def _check_same_vocabulary(json_path, model_path, proto):
+    """Raises if `tokenizer.json`'s vocabulary is not the SentencePiece
+    model's (piece by piece, id by id)."""
+    from tokenizers import Tokenizer
+
+    try:
+        vocabulary = Tokenizer.from_file(json_path).get_vocab()
+    except Exception as error:  # the tokenizers library's own errors
+        raise ValueError(
+            f"{json_path} cannot be read ({error}); remove it or replace it "
+            f"with the one built from {model_path}."
+        ) from None
+    pieces = [piece.piece for piece in _model_proto(proto).pieces]
+    by_id = {index: piece for piece, index in vocabulary.items()}
+    for index, piece in enumerate(pieces):
+        if by_id.get(index) != piece:
+            raise ValueError(
+                f"{json_path} and {model_path} disagree: token {index} is "
+                f"{by_id.get(index)!r} in one and {piece!r} in the other (one "
+                "was replaced). keras_mhf reads tokenizer.model; Hugging Face "
+                "tools read tokenizer.json. Put back the matching pair, or "
+                "pass tokenizer= explicitly."
+            )
+    if len(by_id) > len(pieces):
+        raise ValueError(
+            f"{json_path} has {len(by_id)} tokens and {model_path} "
+            f"{len(pieces)}: they disagree (one was replaced). Put back the "
+            "matching pair, or pass tokenizer= explicitly."
+        )

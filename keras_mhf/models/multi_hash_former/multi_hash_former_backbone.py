@@ -20,6 +20,7 @@ from keras_mhf.models.qwen3_decoder_block import trunk_graph
 from keras_mhf.signatures.signature_table import SignatureTable
 from keras_mhf.signatures.signature_table import check_num_buckets
 from keras_mhf.signatures.signature_table import check_num_lsh
+from keras_mhf.utils import keras_utils
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 from keras_mhf.utils.keras_utils import check_positive_ints
@@ -129,6 +130,7 @@ class MultiHashFormerBackbone(Backbone):
         num_lsh=0,
         **kwargs,
     ):
+        dtype = keras_utils.model_dtype(dtype)  # see preset_dtype
         arguments = {n: v for n, v in locals().items() if n in _CONFIG}
         initial_table = _check_arguments(arguments, signatures, kwargs)
         # A MultiHashFormerLayoutMap fits itself to the weights about to be
@@ -319,6 +321,7 @@ class MultiHashFormerBackbone(Backbone):
         config.update({name: getattr(self, name) for name in _CONFIG})
         # The table itself travels in the weights (`signature_lookup`).
         config["signatures"] = None
+        config["dtype"] = keras_utils.preset_dtype(config.get("dtype"))
         return config
 
 

@@ -1,6 +1,8 @@
 """The MultiHashFormer task (KerasHub `CausalLM`): training, generation and
 scoring over the vocabulary of a `MultiHashFormerBackbone`."""
 
+import contextlib
+
 import keras
 from keras import ops
 from keras_hub.models import CausalLM
@@ -30,8 +32,10 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
 )
 from keras_mhf.models.next_token_scorer import target_losses
 from keras_mhf.models.preset_consistency import check_preset_consistency
-from keras_mhf.optimizers import BiasCorrectedAdamW
+from keras_mhf.models.preset_consistency import task_settings_given
+from keras_mhf.optimizers import task_default_optimizer
 from keras_mhf.utils import keras_utils
+from keras_mhf.utils.concurrent_inference import serialized
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
@@ -194,16 +198,24 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
     def from_preset(cls, preset, load_weights=True, **kwargs):
         """Loads a KerasHub preset, or converts the authors' Hugging Face
         checkpoint (`kwargs`: `tokenizer`, `dtype`, `sequence_length`);
-        `ValueError` when its files disagree, its weights do not fit, or its
-        tokenizer does not match the model."""
+        `ValueError` when its files disagree, its weights do not fit, its
+        tokenizer does not match the model, or its `task.json` is missing
+        (unless `scoring_temperature=` is passed: the task's setting, chosen
+        explicitly)."""
         from keras_mhf.export.transformers import convert_multi_hash_former
 
         if convert_multi_hash_former.is_authors_checkpoint(preset):
             return convert_multi_hash_former.load_authors_checkpoint(
                 cls, preset, load_weights=load_weights, **kwargs
             )
-        check_preset_consistency(preset)  # before building anything
-        model = super().from_preset(preset, load_weights=load_weights, **kwargs)
+        given = contextlib.nullcontext()
+        if "scoring_temperature" in kwargs:  # the task's setting, chosen
+            given = task_settings_given()
+        with given:
+            check_preset_consistency(preset)  # before building anything
+            model = super().from_preset(
+                preset, load_weights=load_weights, **kwargs
+            )
         if load_weights:
             model.check_tokenizer()
         return model
@@ -223,10 +235,8 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         no default metric (metrics see the targets' signatures) and, for
         `"auto"`, KerasHub's default optimizer (Adam, 2e-5) with epsilon
         after bias correction as torch (`BiasCorrectedAdamW`, no decay)."""
-        if isinstance(optimizer, str) and optimizer == "auto":
-            optimizer = BiasCorrectedAdamW(learning_rate=2e-5, weight_decay=0.0)
         super().compile(
-            optimizer=optimizer,
+            optimizer=task_default_optimizer(optimizer),
             loss=SignatureCrossEntropy() if loss == "auto" else loss,
             weighted_metrics=(
                 None if weighted_metrics == "auto" else weighted_metrics
@@ -361,6 +371,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             self, super().make_generate_function
         )
 
+    @serialized
     def score(
         self,
         token_ids,
@@ -373,7 +384,8 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         the real vocabulary `[b, s, V]` (float32, normalised); `"loss"` the
         per-token negative log-likelihood of `target_ids` `[b, s]`, without
         forming `[b, s, V]`. `layer_intercept_fn(x, i)` sees the embeddings
-        (`i = -1`) and each block's output."""
+        (`i = -1`) and each block's output. Safe to call from several
+        threads (`keras_mhf.utils.concurrent_inference`)."""
         self.check_tokenizer()
         padding_mask = check_score_arguments(
             self, token_ids, padding_mask, scoring_mode, target_ids

@@ -10,6 +10,7 @@ from keras_mhf.models.qwen3_decoder_block import TRUNK_ARGUMENTS
 from keras_mhf.models.qwen3_decoder_block import make_trunk_layers
 from keras_mhf.models.qwen3_decoder_block import trunk_arguments
 from keras_mhf.models.qwen3_decoder_block import trunk_graph
+from keras_mhf.utils import keras_utils
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
 
@@ -80,6 +81,7 @@ class StandardBackbone(Backbone):
         check_known_kwargs(
             "StandardBackbone", kwargs, argument_names(type(self))
         )
+        dtype = keras_utils.model_dtype(dtype)  # see preset_dtype
         trunk = trunk_arguments(locals())
         # A MultiHashFormerLayoutMap fits itself to the trunk's weights.
         fit_layout_to_weights(**trunk)
@@ -150,4 +152,5 @@ class StandardBackbone(Backbone):
                 **{name: getattr(self, name) for name in TRUNK_ARGUMENTS},
             }
         )
+        config["dtype"] = keras_utils.preset_dtype(config.get("dtype"))
         return config

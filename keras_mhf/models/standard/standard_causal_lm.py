@@ -11,6 +11,8 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
     MultiHashFormerCausalLMPreprocessor,
 )
 from keras_mhf.models.standard.standard_backbone import StandardBackbone
+from keras_mhf.optimizers import task_default_optimizer
+from keras_mhf.utils.concurrent_inference import serialized
 from keras_mhf.utils.keras_utils import memory_lean
 
 
@@ -52,7 +54,10 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
 
     def compile(self, optimizer="auto", loss="auto", **kwargs):
         """Like `CausalLM.compile`, with the default loss averaged over the
-        unmasked positions (`reduction="mean_with_sample_weight"`)."""
+        unmasked positions (`reduction="mean_with_sample_weight"`) and the
+        default optimizer with epsilon after bias correction
+        (`keras_mhf.optimizers.task_default_optimizer`)."""
+        optimizer = task_default_optimizer(optimizer)
         default = loss == "auto" and "metrics" not in kwargs
         default = default and kwargs.get("weighted_metrics", "auto") == "auto"
         if loss == "auto":
@@ -75,6 +80,12 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
         (float32), as `MultiHashFormerCausalLM.token_log_probs`."""
         logits = self.backbone.token_embedding(hidden_states, reverse=True)
         return keras.ops.log_softmax(keras.ops.cast(logits, "float32"), axis=-1)
+
+    @serialized
+    def score(self, *args, **kwargs):
+        """KerasHub's `Qwen3CausalLM.score`, safe to call from several
+        threads (`keras_mhf.utils.concurrent_inference`)."""
+        return super().score(*args, **kwargs)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
