@@ -185,6 +185,40 @@ def test_evaluate_a_preset(trained, capsys):
     assert metrics["examples"] == 4 and 0 <= metrics["acc"] <= 1
 
 
+def test_evaluate_errors_are_one_line(trained, capsys):
+    from keras_mhf.utils.output_lock import output_lock
+
+    root, preset = trained
+    bad = root / "bad_lambada.jsonl"
+    bad.write_text(json.dumps({"text": CORPUS[0]}) + '\n{"text": "word"}\n')
+    status, _, err = run_cli(
+        ["evaluate", "--preset", preset, "--lambada", bad, "--no-progress"],
+        capsys,
+    )
+    assert status == 1 and len(err.strip().splitlines()) == 1
+    assert f"TaskFileError: {bad}:2: 'text' has a single word" in err
+    from keras_mhf.evaluation import TaskFileWarning
+
+    with pytest.warns(TaskFileWarning, match=f"{bad}:2: .*left out"):
+        status, out, _ = run_cli(
+            ["evaluate", "--preset", preset, "--lambada", bad]
+            + ["--no-progress", "--on-error", "skip"],
+            capsys,
+        )
+    assert status == 0
+    assert last_json(out)[f"lambada:{bad}"]["skipped_lines"] == 1
+    # A results file held by another process: the lock names the file.
+    results = root / "locked.jsonl"
+    with output_lock(str(root), "a test", lock_name=".locked.jsonl.lock"):
+        status, _, err = run_cli(
+            ["evaluate", "--preset", preset, "--lambada", bad, "--no-progress"]
+            + ["--output", results],
+            capsys,
+        )
+    assert status == 1 and len(err.strip().splitlines()) == 1
+    assert f"OutputLockedError: {results} is being written by" in err
+
+
 def test_finetune_a_preset(trained, capsys):
     root, preset = trained
     documents = write_documents(root / "notes.jsonl", count=60, seed=3)
