@@ -88,6 +88,7 @@ def test_mhf_round_trip_gives_the_same_log_probs(mhf, mhf_dir):
         "config.json",
         "generation_config.json",
         "model.safetensors",
+        "modeling_multi_hash_former.py",
         "special_tokens_map.json",
         "tokenizer.json",
         "tokenizer.model",
@@ -163,8 +164,11 @@ def test_mhf_keys_shapes_dtypes_and_config(mhf, mhf_dir):
         ops.convert_to_numpy(backbone.hash_encoder.gate_dense.kernel).T,
     )
     config = json.loads((mhf_dir / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForCausalLM"]
-    assert config["model_type"] == "qwen3"
+    assert config["architectures"] == ["MultiHashFormerForCausalLM"]
+    assert config["model_type"] == "multi_hash_former"
+    assert config["auto_map"]["AutoModelForCausalLM"] == (
+        "modeling_multi_hash_former.MultiHashFormerForCausalLM"
+    )
     assert (config["num_hashes"], config["num_buckets"]) == (H, B)
     assert config["num_lsh"] == 0 and config["bottle_neck_dim"] == g
     assert config["use_conditional_prob"] is True
@@ -208,10 +212,92 @@ def test_standard_loads_in_transformers_with_the_same_logits(
     )
 
 
+def test_mhf_loads_in_stock_transformers(mhf, mhf_dir, tmp_path):
+    """With transformers alone: AutoConfig, AutoModelForCausalLM and
+    AutoTokenizer load the export; logits are the Keras model's log-probs
+    (paper rule, or calibrated on request); greedy generation gives Keras'
+    tokens; save_pretrained round trips; without trust_remote_code the
+    folder is refused, never built as a stock Qwen3."""
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    path = str(mhf_dir)
+    config = transformers.AutoConfig.from_pretrained(
+        path, trust_remote_code=True
+    )
+    assert type(config).__name__ == "MultiHashFormerConfig"
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        path, trust_remote_code=True, output_loading_info=True
+    )
+    assert type(model).__name__ == "MultiHashFormerForCausalLM"
+    assert not any(info[key] for key in ("missing_keys", "unexpected_keys"))
+    ids = torch.tensor(IDS, dtype=torch.long)
+    calibrated = ops.convert_to_numpy(mhf.score(IDS))  # temperature 0.8
+    mhf.scoring_temperature = 1.0
+    try:
+        paper_rule = ops.convert_to_numpy(mhf.score(IDS))
+    finally:
+        mhf.scoring_temperature = 0.8
+    with torch.no_grad():
+        logits = model(ids).logits.numpy()
+        loss = model(ids, labels=ids).loss
+    np.testing.assert_allclose(logits, paper_rule, atol=1e-5, rtol=0)
+    expected_loss = -np.mean(
+        np.take_along_axis(paper_rule[:, :-1], IDS[:, 1:, None], -1)
+    )
+    np.testing.assert_allclose(float(loss), expected_loss, rtol=1e-5)
+    on_request = transformers.AutoModelForCausalLM.from_pretrained(
+        path, trust_remote_code=True, apply_scoring_temperature=True
+    )
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            on_request(ids).logits.numpy(), calibrated, atol=1e-5, rtol=0
+        )
+    # Greedy generation with the KV cache: Keras' tokens.
+    prompt = auto_tokenizer(mhf_dir)("The cell is", return_tensors="pt")
+    n = prompt.input_ids.shape[1]
+    with torch.no_grad():
+        greedy = model.generate(
+            prompt.input_ids, max_new_tokens=6, do_sample=False
+        )
+        sampled = model.generate(
+            prompt.input_ids, max_new_tokens=6, do_sample=True, top_k=5
+        )
+    assert sampled.shape == (1, n + 6)
+    keras_ids = np.asarray(prompt.input_ids.numpy(), "int32")
+    # A copy of the model (generation builds decoding state on the model).
+    keras_lm = MultiHashFormerCausalLM.from_preset(path)
+    keras_lm.preprocessor = None
+    keras_lm.compile(sampler="greedy")
+    ours = keras_lm.generate(
+        {
+            "token_ids": np.pad(keras_ids, ((0, 0), (0, 6))),
+            "padding_mask": np.pad(np.ones_like(keras_ids), ((0, 0), (0, 6))),
+        },
+        stop_token_ids=None,
+    )
+    assert greedy.numpy().tolist() == np.asarray(ours["token_ids"]).tolist()
+    # save_pretrained writes a folder that loads to the same numbers.
+    model.save_pretrained(str(tmp_path / "saved"))
+    again = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "saved"), trust_remote_code=True
+    )
+    with torch.no_grad():
+        np.testing.assert_array_equal(again(ids).logits.numpy(), logits)
+    # Without trust_remote_code: refused, not a stock Qwen3 of the tables.
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        transformers.AutoModelForCausalLM.from_pretrained(
+            path, trust_remote_code=False
+        )
+
+
 def auto_tokenizer(path):
     transformers = pytest.importorskip("transformers")
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(path))
+        # trust_remote_code: a model folder's config names our code; without
+        # it transformers asks on stdin.
+        return transformers.AutoTokenizer.from_pretrained(
+            str(path), trust_remote_code=True
+        )
     except Exception as error:  # e.g. a backend missing offline
         pytest.skip(f"AutoTokenizer cannot be built here: {error}")
 
@@ -416,3 +502,25 @@ def test_a_transposed_tensor_is_named_with_both_shapes(mhf_dir, tmp_path):
         rf"\({columns}, {rows}\): the tensor is stored transposed",
     ):
         MultiHashFormerCausalLM.from_preset(str(swapped))
+
+
+def test_a_lora_model_is_exported_with_its_adapters_merged(tokenizer, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    keras.utils.set_random_seed(2)
+    lm = MultiHashFormerCausalLM.from_tokenizer(
+        tokenizer, "tiny_h3b64", sequence_length=16, num_layers=1
+    )
+    lm.backbone.enable_lora(4)
+    rng = np.random.default_rng(0)
+    for weight in lm.weights:
+        if "lora" in weight.path:
+            weight.assign(0.1 * rng.normal(size=weight.shape).astype("float32"))
+    expected = ops.convert_to_numpy(lm.score(IDS))
+    lm.export_to_transformers(str(tmp_path / "hf"))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(tmp_path / "hf"), trust_remote_code=True
+    )
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(logits, expected, atol=1e-5, rtol=0)

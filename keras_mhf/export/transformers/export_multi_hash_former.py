@@ -14,6 +14,11 @@ The directory holds:
   head: no `lm_head.weight` is stored, as `save_pretrained` does),
   `model.combiner.*`, the Qwen3 blocks `model.layers.N.*`, `model.norm`,
   and `hash_head.cascade_mixer.K.*`, torch `[out, in]` layout;
+- `modeling_multi_hash_former.py`, named in `config.json`'s `auto_map`
+  (`model_type` "multi_hash_former"): the config and model classes with
+  which stock `transformers` loads the folder
+  (`AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)`),
+  its `logits` the vocabulary log-probs;
 - `generation_config.json`, and, from a causal LM with a tokenizer,
   `tokenizer.model`, `tokenizer.json`, `tokenizer_config.json` and
   `special_tokens_map.json` (see `sentencepiece_tokenizer_files`).
@@ -26,8 +31,15 @@ does not apply it. `MultiHashFormerCausalLM.from_preset(path)` reads the
 directory back.
 """
 
+import os
+import shutil
+
 from keras_mhf.export.transformers import hf_exporter
 from keras_mhf.export.transformers import weight_names
+
+# The module, copied into every export, that stock transformers loads it
+# with (`auto_map`; see modeling_multi_hash_former.py).
+REMOTE_CODE = "modeling_multi_hash_former"
 
 
 def _check(backbone):
@@ -59,6 +71,18 @@ def config(backbone, tokenizer=None, max_position_embeddings=32768):
             "lsh_only_embed": False,
             "fused_decoding": False,
             "signature_rule": backbone.signature_rule,
+            # Stock transformers loads the folder with our modeling code
+            # (trust_remote_code); without it, it refuses rather than
+            # building a stock Qwen3 from the bucket tables.
+            "architectures": ["MultiHashFormerForCausalLM"],
+            "model_type": "multi_hash_former",
+            "auto_map": {
+                "AutoConfig": f"{REMOTE_CODE}.MultiHashFormerConfig",
+                "AutoModelForCausalLM": (
+                    f"{REMOTE_CODE}.MultiHashFormerForCausalLM"
+                ),
+            },
+            "apply_scoring_temperature": False,
         }
     )
     return content
@@ -105,6 +129,10 @@ def _write(directory, backbone, tokenizer, extra_config, max_positions):
         weight_entries(backbone),
         backbone.pad_token_id,
         tokenizer,
+    )
+    shutil.copyfile(
+        os.path.join(os.path.dirname(__file__), f"{REMOTE_CODE}.py"),
+        os.path.join(directory, f"{REMOTE_CODE}.py"),
     )
 
 

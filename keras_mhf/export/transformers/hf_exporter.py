@@ -72,13 +72,16 @@ def _to_numpy(value, dtype):
 
 def variable_entry(hf_key, variable, layout):
     """A safetensors entry (see `write_safetensors`) for one Keras variable,
-    converted to the torch layout only when written."""
+    converted to the torch layout only when written. A layer with LoRA
+    enabled gives its kernel as a tensor, the adapters merged into it
+    (`kernel + (alpha / rank) A B`): that merged kernel is written."""
     dtype = _float_dtype(variable)
 
     def produce():
-        return weight_names.to_torch_layout(
-            _to_numpy(variable.value, dtype), layout
+        value = (
+            variable.value if isinstance(variable, keras.Variable) else variable
         )
+        return weight_names.to_torch_layout(_to_numpy(value, dtype), layout)
 
     shape = weight_names.torch_shape(variable.shape, layout)
     return (hf_key, shape, dtype, produce)
