@@ -86,7 +86,56 @@ def test_lm_eval_command_on_local_tasks(tiny_lm, small_tokenizer, tmp_path):
     tasks.mkdir()
     (tasks / "tiny_lambada.yaml").write_text(LAMBADA_TASK.format(path=lambada))
     (tasks / "tiny_mc.yaml").write_text(MC_TASK.format(path=mc))
-    out = tmp_path / "out"
+    ours_lambada, lambada_examples = evaluation.lambada(
+        tiny_lm, small_tokenizer, str(lambada)
+    )
+    ours_mc, mc_examples = evaluation.multiple_choice(
+        tiny_lm, small_tokenizer, str(mc)
+    )
+    expected = {
+        "tiny_lambada": [[e["loglikelihood"]] for e in lambada_examples],
+        "tiny_mc": [e["loglikelihoods"] for e in mc_examples],
+    }
+    # Our adapter on the preset, and lm-eval's own `hf` model on the
+    # Hugging Face export (its modeling code, trust_remote_code; `<s>`
+    # first, as keras_mhf scores every context). logits_cache=False: with
+    # it, lm-eval's `hf` model reuses one request's logits for another
+    # whose tokens but the last are the same, and slices them with the
+    # first one's continuation length, so a LAMBADA passage and a question
+    # of the same text split elsewhere ("The cell is the basic unit of" +
+    # " life", "The cell is" + " the basic unit of life") got -18.91
+    # instead of -19.55 (lm-eval 0.4.13; the case of lm-eval issue #2984).
+    hf = str(tmp_path / "hf")
+    tiny_lm.export_to_transformers(hf)
+    for model, model_args in (
+        ("keras_mhf", f"preset={preset}"),
+        (
+            "hf",
+            f"pretrained={hf},trust_remote_code=True,add_bos_token=True,"
+            "logits_cache=False",
+        ),
+    ):
+        results, samples = run_lm_eval(
+            model, model_args, tasks, tmp_path / f"out_{model}", tmp_path
+        )
+        for task, per_example in expected.items():
+            np.testing.assert_allclose(
+                samples[task], per_example, atol=1e-4, rtol=0, err_msg=model
+            )
+        np.testing.assert_allclose(
+            results["tiny_lambada"]["perplexity,none"],
+            ours_lambada["perplexity"],
+            rtol=1e-4,
+        )
+        assert results["tiny_lambada"]["acc,none"] == ours_lambada["acc"]
+        assert results["tiny_mc"]["acc,none"] == ours_mc["acc"]
+        assert results["tiny_mc"]["acc_norm,none"] == ours_mc["acc_norm"]
+
+
+def run_lm_eval(model, model_args, tasks, out, cwd):
+    """lm-eval's command line on the tasks in `tasks` (for `keras_mhf`,
+    through our adapter's entry point, which registers the model):
+    `(results, {task: per-example log-likelihoods, in document order})`."""
     env = dict(
         os.environ,
         HF_DATASETS_OFFLINE="1",
@@ -97,11 +146,13 @@ def test_lm_eval_command_on_local_tasks(tiny_lm, small_tokenizer, tmp_path):
         [
             sys.executable,
             "-m",
-            "keras_mhf.evaluation.lm_eval_adapter",
+            "keras_mhf.evaluation.lm_eval_adapter"
+            if model == "keras_mhf"
+            else "lm_eval",
             "--model",
-            "keras_mhf",
+            model,
             "--model_args",
-            f"preset={preset}",
+            model_args,
             "--batch_size",
             "2",
             "--tasks",
@@ -110,28 +161,30 @@ def test_lm_eval_command_on_local_tasks(tiny_lm, small_tokenizer, tmp_path):
             str(tasks),
             "--output_path",
             str(out),
+            "--log_samples",
         ],
         capture_output=True,
         text=True,
         timeout=900,
         env=env,
-        cwd=str(tmp_path),
+        cwd=str(cwd),
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    files = [
+        os.path.join(root, f) for root, _, names in os.walk(out) for f in names
+    ]
     results_file = next(
-        os.path.join(root, f)
-        for root, _, files in os.walk(out)
+        f
         for f in files
-        if f.startswith("results") and f.endswith(".json")
+        if os.path.basename(f).startswith("results") and f.endswith(".json")
     )
     results = json.load(open(results_file))["results"]
-    ours_lambada, _ = evaluation.lambada(tiny_lm, small_tokenizer, str(lambada))
-    ours_mc, _ = evaluation.multiple_choice(tiny_lm, small_tokenizer, str(mc))
-    np.testing.assert_allclose(
-        results["tiny_lambada"]["perplexity,none"],
-        ours_lambada["perplexity"],
-        rtol=1e-4,
-    )
-    assert results["tiny_lambada"]["acc,none"] == ours_lambada["acc"]
-    assert results["tiny_mc"]["acc,none"] == ours_mc["acc"]
-    assert results["tiny_mc"]["acc_norm,none"] == ours_mc["acc_norm"]
+    samples = {}
+    for task in ("tiny_lambada", "tiny_mc"):
+        path = next(f for f in files if f"samples_{task}_" in f)
+        docs = [json.loads(line) for line in open(path)]
+        docs.sort(key=lambda d: d["doc_id"])
+        samples[task] = [
+            [float(r[0]) for r in d["filtered_resps"]] for d in docs
+        ]
+    return results, samples
