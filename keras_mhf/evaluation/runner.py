@@ -147,6 +147,18 @@ def _evaluate_task(
             on_error,
         )
         return metrics
+    if task == "rare_words":
+        metrics, _ = rare_word_similarity(
+            model,
+            tokenizer,
+            path,
+            batch_size,
+            limit,
+            on_error,
+            progress,
+            stream,
+        )
+        return metrics
     if task == "perplexity":
         import sentencepiece as spm
 
@@ -172,10 +184,6 @@ def _evaluate_task(
             }
             for i, (n, c) in enumerate(zip(nll, correct))
         ]
-    else:
-        metrics, examples = rare_word_similarity(
-            model, tokenizer, path, batch_size, limit, on_error
-        )
     if stream is not None:
         for index, example in enumerate(examples):
             stream.add(index, example)

@@ -169,6 +169,34 @@ def test_rare_word_similarity(tiny_lm, small_tokenizer, tmp_path):
     )
     np.testing.assert_allclose(examples[0]["cosine_final"], cos, rtol=1e-5)
     assert not np.allclose(final, penultimate)
+    # Against the model's own forward pass (KerasHub's layer_intercept_fn
+    # for the second-to-last block), one text at a time, unpadded.
+    for k, text in enumerate(["cell", "unit of life"]):
+        ids = np.array(
+            [[small_tokenizer.start_token_id]]
+            + [[int(t)] for t in np.asarray(small_tokenizer(text))],
+            "int32",
+        ).T
+        captured = {}
+
+        def intercept(x, i):
+            if i == tiny_lm.backbone.num_layers - 2:
+                captured["h"] = x
+            return x
+
+        tiny_lm.score(ids, layer_intercept_fn=intercept)
+        hidden = tiny_lm.backbone(
+            {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+        )
+        np.testing.assert_allclose(
+            final[k], np.asarray(hidden)[0, -1], rtol=1e-4, atol=1e-5
+        )
+        np.testing.assert_allclose(
+            penultimate[k],
+            np.asarray(ops.convert_to_numpy(captured["h"]))[0, -1],
+            rtol=1e-4,
+            atol=1e-5,
+        )
     for key in (
         "final_pearson",
         "final_spearman",
@@ -382,3 +410,43 @@ def test_compiled_scorers_are_built_and_release_the_model(small_tokenizer):
     del lm, models
     gc.collect()
     assert alive() is None
+
+
+def test_card660_results_stream_and_resume(tiny_lm, tmp_path, monkeypatch):
+    from keras_mhf.evaluation import card660
+
+    preset = str(tmp_path / "preset")
+    tiny_lm.save_to_preset(preset)
+    words = ["cell", "water", "light", "atom", "steam", "sound", "life"]
+    path = tmp_path / "card.tsv"
+    path.write_text(
+        "".join(
+            f"{a}\t{b}\t{(i % 4) / 2}\n"
+            for i, (a, b) in enumerate(
+                (a, b) for a in words for b in words if a < b
+            )
+        )
+    )
+    output = tmp_path / "results.jsonl"
+    monkeypatch.setattr(card660, "PAIRS_PER_CHUNK", 5)
+    kwargs = dict(card660_files=[str(path)], output=str(output), batch_size=4)
+    whole = evaluation.evaluate_preset(preset, **kwargs)
+    lines = output.read_text().splitlines(keepends=True)
+    records = [line for line in lines if '"index"' in line]
+    assert len(records) == 21
+    # Cut after 7 records, mid-line: the rerun scores only the other 14.
+    output.write_text("".join(lines[: 2 + 7]) + lines[9][:5])
+    embedded = []
+    original = card660.last_token_hidden_states
+
+    def counting(model, tokenizer, texts, *args, **kw):
+        embedded.extend(texts)
+        return original(model, tokenizer, texts, *args, **kw)
+
+    monkeypatch.setattr(card660, "last_token_hidden_states", counting)
+    resumed = evaluation.evaluate_preset(preset, **kwargs)
+    assert 0 < len(embedded) <= len(words)
+    for name, value in whole[f"rare_words:{path}"].items():
+        np.testing.assert_allclose(
+            resumed[f"rare_words:{path}"][name], value, rtol=1e-5
+        )
