@@ -189,7 +189,10 @@ def test_rare_word_similarity(tiny_lm, small_tokenizer, tmp_path):
             {"token_ids": ids, "padding_mask": np.ones_like(ids)}
         )
         np.testing.assert_allclose(
-            final[k], np.asarray(hidden)[0, -1], rtol=1e-4, atol=1e-5
+            final[k],
+            np.asarray(ops.convert_to_numpy(hidden))[0, -1],
+            rtol=1e-4,
+            atol=1e-5,
         )
         np.testing.assert_allclose(
             penultimate[k],
