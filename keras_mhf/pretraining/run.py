@@ -283,7 +283,6 @@ def pretrain(data, output_dir, **settings):
     """
     config = RunConfig(data=data, output_dir=output_dir, **settings)
     config.validate()
-    existing = _entries(config.output_dir)
     with contextlib.ExitStack() as stack:
         if is_primary():  # only process 0 writes
             stack.enter_context(
@@ -294,6 +293,9 @@ def pretrain(data, output_dir, **settings):
                     else "a pre-training run",
                 )
             )
+        # Taken under the lock: what a refused run may remove is only what
+        # it wrote itself, never another run's.
+        existing = _entries(config.output_dir) - {LOCK_FILE}
         stack.enter_context(_terminate_as_exit())
         try:
             lm, summary = _run(config)
