@@ -241,6 +241,7 @@ def replicate(
     from keras_mhf.models import MultiHashFormerTokenizer
     from keras_mhf.models import count_parameters
     from keras_mhf.pretraining import pretrain
+    from keras_mhf.utils.files import write_json
 
     if smoke:
         trunk, steps, checkpoint_every = "tiny", 2, 1
@@ -281,9 +282,28 @@ def replicate(
         count=last_word_passages,
     )
 
+    config = dict(
+        trunk=trunk,
+        steps=steps,
+        batch_size=batch_size,
+        sequence_length=sequence_length,
+        learning_rate=learning_rate,
+        seeds=seeds,
+        optimizer=optimizer,
+        tokenizer=os.path.basename(tokenizer),
+        data=str(data),
+    )
+    finished = _finished_runs(os.path.join(output, "results.json"), config)
     runs = []
     for seed in range(seeds):
         for name, kind, architecture, extra_layers, rule in specs:
+            if (seed, name) in finished:
+                # Same settings, already measured: a rerun with more seeds
+                # (or after a crash) adds only the missing runs.
+                if verbose:
+                    print(f"=== seed {seed}: {name}: kept from results.json")
+                runs.append(finished[(seed, name)])
+                continue
             if verbose:
                 print(f"\n=== seed {seed}: {name} ===", flush=True)
             keras.config.set_dtype_policy("float32")
@@ -351,29 +371,29 @@ def replicate(
                     "log": os.path.relpath(log_copy, output),
                 }
             )
-            with open(os.path.join(output, "results.json"), "w") as f:
-                json.dump(
-                    {
-                        "config": dict(
-                            trunk=trunk,
-                            steps=steps,
-                            batch_size=batch_size,
-                            sequence_length=sequence_length,
-                            learning_rate=learning_rate,
-                            seeds=seeds,
-                            optimizer=optimizer,
-                            tokenizer=os.path.basename(tokenizer),
-                            data=str(data),
-                        ),
-                        "runs": runs,
-                    },
-                    f,
-                    indent=2,
-                )
+            write_json(
+                os.path.join(output, "results.json"),
+                {"config": config, "runs": runs},
+                indent=2,
+            )
     with open(os.path.join(output, "results.md"), "w") as f:
         f.write(markdown(runs, seeds))
     plot(runs, os.path.join(output, "val_loss.png"))
     return runs
+
+
+def _finished_runs(path, config):
+    """{(seed, model): run} of a results.json written with the same settings
+    (the number of seeds aside); {} when there is none or settings differ."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        earlier = json.load(f)
+    same = {k: v for k, v in earlier.get("config", {}).items() if k != "seeds"}
+    wanted = {k: v for k, v in config.items() if k != "seeds"}
+    if same != wanted:
+        return {}
+    return {(r["seed"], r["model"]): r for r in earlier.get("runs", [])}
 
 
 # Groups of weights whose update sizes a run records (paths matched in order;
