@@ -33,6 +33,7 @@ BACKEND_INDEPENDENT = {
     "test_signature_lsh.py",
     "test_signature_table.py",
     "test_task_files.py",
+    "test_task_formats.py",
     # The command line's argument handling and one smoke run per subcommand;
     # the functions behind them are tested on every backend.
     "test_cli.py",
@@ -46,7 +47,7 @@ ONCE_PER_SUITE = {
     "test_export.py::test_ids_only_exports_load_with_tensorflow_alone",
     "test_quantization.py::test_quantized_savedmodel_export",
     "test_calibration.py::test_temperature_survives_savedmodel_export",
-    "test_lm_eval_adapter.py::test_lm_eval_command_on_local_tasks",
+    "test_lm_eval_adapter.py::test_lm_eval_agrees_with_us_on_the_ten_tasks",
     "test_vocabulary_expansion.py::test_recipe_on_shared_data",
     "test_evaluation.py::test_evaluate_recipe_end_to_end",
     # Whether importing keras_mhf patches KerasHub's Qwen3 is a question of

@@ -3,14 +3,20 @@
     keras-mhf evaluate --preset runs/mhf/preset \
         --perplexity ../shared/data/openstax_edu_en/validation_00.jsonl \
         --lambada lambada_test.jsonl \
-        --multiple-choice piqa.jsonl arc_easy.jsonl \
+        --task piqa=piqa_validation.jsonl --task hellaswag=hellaswag.jsonl \
         --card660 card660.tsv --output results.jsonl
 
-Metrics follow lm-eval: perplexity over the real vocabulary; LAMBADA (OpenAI
-jsonl, target = last word) acc and perplexity as `lambada_openai`; multiple
-choice ({"query", "choices", "gold"}) acc and acc_norm; Card-660-format
-rare-word similarity (Pearson/Spearman of last-token cosine similarity, final
-and second-to-last layer). Results are keyed "<task>:<file as given>".
+Metrics follow lm-eval: perplexity over the real vocabulary; --task NAME=FILE
+scores one of the paper's ten tasks (lambada, arc_easy, copa, openbookqa,
+piqa, hellaswag, race, sciq, siqa, record) from its Hugging Face rows or
+llm-foundry's files, with lm-eval 0.4's prompt and metrics for that task;
+LAMBADA (OpenAI jsonl, target = last word) acc and perplexity as
+`lambada_openai`; multiple choice ({"query", "choices", "gold"}, prompt and
+choice joined by --delimiter) acc and acc_norm; Card-660-format rare-word
+similarity (Pearson/Spearman of last-token cosine similarity, final and
+second-to-last layer). A MultiHashFormer with a calibrated scoring
+temperature reports every metric under it and, as "paper_rule", under the
+paper's rule. Results are keyed "<task>:<file as given>".
 
 --output streams one JSON line per example (perplexity: one per block) as it
 is scored, and each task's metrics when it ends; run the same command again
@@ -48,6 +54,22 @@ def build_parser(prog=None):
         nargs="*",
         default=[],
         help='{"query", "choices", "gold"} .jsonl files',
+    )
+    p.add_argument(
+        "--task",
+        action="append",
+        default=[],
+        metavar="NAME=FILE",
+        help="one of the paper's tasks and its .jsonl file (repeat for "
+        "more): lambada, arc_easy, copa, openbookqa, piqa, hellaswag, race, "
+        "sciq, siqa, record",
+    )
+    p.add_argument(
+        "--delimiter",
+        default=None,
+        help="what joins each prompt and continuation in LAMBADA and "
+        "multiple-choice files (default: a space, lm-eval's target "
+        "delimiter); for pre-formatted files, e.g. --delimiter $'\\n'",
     )
     p.add_argument(
         "--card660",
@@ -95,9 +117,25 @@ def build_parser(prog=None):
     return p
 
 
+def _task(parser, value):
+    """`NAME=FILE` as `(name, file)`; a parser error for anything else."""
+    from keras_mhf.evaluation.task_formats import task_name
+
+    name, sep, path = value.partition("=")
+    if not sep or not path:
+        parser.error(f"--task {value!r}: expected NAME=FILE, e.g. piqa=piqa.jsonl")
+    try:
+        return task_name(name), path
+    except ValueError as error:
+        parser.error(f"--task {value!r}: {error}")
+
+
 def main(argv=None, prog=None):
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     from keras_mhf.evaluation import evaluate_preset
+
+    tasks = [_task(parser, value) for value in args.task]
 
     results = evaluate_preset(
         args.preset,
@@ -112,6 +150,8 @@ def main(argv=None, prog=None):
         args.output,
         progress=not args.no_progress,
         on_error=args.on_error,
+        tasks=tasks,
+        delimiter=args.delimiter,
     )
     print(json.dumps(results, indent=2))
     return results

@@ -29,7 +29,8 @@ from keras_mhf.utils.files import fsync_file
 from keras_mhf.utils.output_lock import output_lock
 
 FORMAT = "keras_mhf.evaluation_results"
-FORMAT_VERSION = 1
+# 2 (0.2): multiple-choice and LAMBADA records hold both scoring rules.
+FORMAT_VERSION = 2
 
 
 class EvaluationResults:

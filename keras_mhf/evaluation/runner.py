@@ -7,6 +7,8 @@ import sys
 
 from keras_mhf.evaluation.card660 import rare_word_similarity
 from keras_mhf.evaluation.scoring import perplexity_details
+from keras_mhf.evaluation.task_formats import MULTIPLE_CHOICE_TASKS
+from keras_mhf.evaluation.task_formats import task_name
 from keras_mhf.evaluation.tasks import lambada
 from keras_mhf.evaluation.tasks import multiple_choice
 from keras_mhf.models.next_token_scorer import NextTokenScorer
@@ -26,9 +28,19 @@ def evaluate_preset(
     output=None,
     progress=None,
     on_error="fail",
+    tasks=(),
+    delimiter=None,
 ):
     """Loads a MHF or Standard preset and runs the requested evaluations
     (the engine behind `keras-mhf evaluate`).
+
+    `tasks`: `(name, path)` pairs of the paper's tasks (`"lambada"`,
+    `"arc_easy"`, `"copa"`, `"openbookqa"`, `"piqa"`, `"hellaswag"`,
+    `"race"`, `"sciq"`, `"siqa"`, `"record"`), each file in one of the
+    task's formats and prompted as lm-eval's task definition prompts it
+    (`keras_mhf.evaluation.task_formats`). `delimiter` joins prompts and
+    continuations in every LAMBADA and multiple-choice file (`None`: `" "`,
+    lm-eval's target delimiter).
 
     `on_error`: a bad line of a LAMBADA, multiple-choice or Card-660 file
     stops the evaluation naming its `file:line` (`"fail"`) or is left out
@@ -62,10 +74,13 @@ def evaluate_preset(
         "max_blocks": max_blocks,
         "limit": limit,
     }
+    if delimiter is not None:
+        settings["delimiter"] = delimiter
     tasks = (
         [("perplexity", path) for path in perplexity_files]
         + [("lambada", path) for path in lambada_files]
         + [("multiple_choice", path) for path in multiple_choice_files]
+        + [(task_name(name), path) for name, path in tasks]
         + [("rare_words", path) for path in card660_files]
     )
     if output is None:
@@ -91,6 +106,7 @@ def evaluate_preset(
                     batch_size,
                     progress,
                     on_error,
+                    delimiter,
                 )
                 if stream is not None:
                     stream.finish(metrics)
@@ -131,22 +147,16 @@ def _evaluate_task(
     batch_size,
     progress,
     on_error,
+    delimiter=None,
 ):
     """One task of `evaluate_preset`: its metrics; per-example records go
     to `stream` (a `TaskResults`, or `None`)."""
-    if task in ("lambada", "multiple_choice"):
-        run = lambada if task == "lambada" else multiple_choice
-        metrics, _ = run(
-            model,
-            tokenizer,
-            path,
-            batch_size,
-            limit,
-            progress,
-            stream,
-            on_error,
-        )
-        return metrics
+    scored = (model, tokenizer, path, batch_size, limit, progress, stream)
+    if task == "lambada":
+        return lambada(*scored, on_error, delimiter)[0]
+    if task == "multiple_choice" or task in MULTIPLE_CHOICE_TASKS:
+        name = None if task == "multiple_choice" else task
+        return multiple_choice(*scored, on_error, name, delimiter)[0]
     if task == "rare_words":
         metrics, _ = rare_word_similarity(
             model,

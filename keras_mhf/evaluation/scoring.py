@@ -91,6 +91,14 @@ def _metrics(nll, correct, confidence):
     }
 
 
+def two_rules(model):
+    """Whether `model` scores with a rule other than the paper's (a
+    MultiHashFormer whose `scoring_temperature` is not 1.0): evaluation then
+    reports the paper's rule beside it."""
+    temperature = getattr(model, "scoring_temperature", None)
+    return temperature is not None and temperature != 1.0
+
+
 @contextlib.contextmanager
 def paper_rule(model):
     """Scores a MultiHashFormer with the paper's rule (`scoring_temperature`
@@ -133,15 +141,15 @@ def perplexity_details(
 ):
     """`(perplexity metrics, per-token nll [n, L], per-token hits)`."""
     temperature = getattr(model, "scoring_temperature", None)
-    two_rules = temperature is not None and temperature != 1.0
+    both = two_rules(model)
     progress = Progress(
-        label, len(blocks) * (2 if two_rules else 1), "blocks", progress
+        label, len(blocks) * (2 if both else 1), "blocks", progress
     )
     nll, correct, confidence = _chunked_block_scores(
         model, blocks, batch_size, progress
     )
     metrics = _metrics(nll, correct, confidence)
-    if two_rules:
+    if both:
         with paper_rule(model):
             metrics["paper_rule"] = _metrics(
                 *_chunked_block_scores(

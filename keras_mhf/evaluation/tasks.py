@@ -2,12 +2,17 @@
 scored as lm-eval scores them (`keras_mhf.evaluation.scoring`), with
 per-example records streamed to an `EvaluationResults` file."""
 
-import json
+import contextlib
 import warnings
 
 import numpy as np
 
+from keras_mhf.evaluation import task_formats
 from keras_mhf.evaluation.scoring import loglikelihoods
+from keras_mhf.evaluation.scoring import paper_rule
+from keras_mhf.evaluation.scoring import two_rules
+from keras_mhf.evaluation.task_formats import lambada_parser
+from keras_mhf.utils.progress import Progress
 
 # With on_error="skip", each of the first bad lines gets its own warning.
 WARN_LINES = 20
@@ -44,7 +49,7 @@ def read_task_file(path, parse, on_error="fail", limit=None, unit="examples"):
     Example:
 
     ```python
-    examples, skipped = read_task_file("piqa.jsonl", parse_multiple_choice)
+    examples, skipped = read_task_file("piqa.jsonl", task_parser("piqa"))
     ```
     """
     if on_error not in ("fail", "skip"):
@@ -92,78 +97,6 @@ def read_task_file(path, parse, on_error="fail", limit=None, unit="examples"):
     return examples, skipped
 
 
-def json_object(line):
-    """The JSON object on `line` (`ValueError` saying what is wrong)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(
-            f"not valid JSON ({error.msg.removesuffix(' at')} at column "
-            f"{error.colno})"
-        ) from None
-    if not isinstance(record, dict):
-        raise ValueError(f"expected a JSON object, got {_kind(record)}")
-    return record
-
-
-def _kind(value):
-    return "null" if value is None else f"a {type(value).__name__}"
-
-
-def _string(record, key, what):
-    if key not in record:
-        fields = ", ".join(map(repr, list(record)[:6])) or "none"
-        raise ValueError(f"no {key!r} field ({what}; its fields: {fields})")
-    value = record[key]
-    if not isinstance(value, str) or not value.strip():
-        shown = "an empty string" if value == "" else _kind(value)
-        raise ValueError(f"{key!r} is {shown}, not a non-empty string")
-    return value
-
-
-def parse_lambada(line):
-    """A LAMBADA line (`{"text": ...}`) as `(context, " " + last word)`."""
-    text = _string(json_object(line), "text", "LAMBADA needs the passage")
-    parts = text.strip().rsplit(" ", 1)
-    if len(parts) < 2 or not parts[0].strip():
-        raise ValueError(
-            "'text' has a single word: LAMBADA needs a context before the "
-            "last word"
-        )
-    return parts[0], " " + parts[1]
-
-
-def parse_multiple_choice(line):
-    """A multiple-choice line (`{"query", "choices": [...], "gold": i}`),
-    checked: at least two non-empty string choices and `gold` an integer
-    index into them."""
-    record = json_object(line)
-    query = _string(record, "query", "the question or context")
-    choices = record.get("choices")
-    if not isinstance(choices, list) or len(choices) < 2:
-        count = len(choices) if isinstance(choices, list) else _kind(choices)
-        raise ValueError(
-            f"'choices' must be a list of at least 2 answers, got {count}"
-        )
-    for i, choice in enumerate(choices):
-        if not isinstance(choice, str) or not choice.strip():
-            raise ValueError(f"choice {i} is {_kind(choice)}, not a string")
-    if "gold" not in record:
-        raise ValueError("no 'gold' field (the index of the right choice)")
-    gold = record["gold"]
-    if isinstance(gold, bool) or not isinstance(gold, int):
-        raise ValueError(
-            f"'gold' must be the integer index of the right choice, got "
-            f"{gold!r}"
-        )
-    if not 0 <= gold < len(choices):
-        raise ValueError(
-            f"'gold' is {gold}, outside the {len(choices)} choices "
-            f"(0..{len(choices) - 1})"
-        )
-    return {"query": query, "choices": choices, "gold": gold}
-
-
 def write_last_word_file(documents, path, count=100, max_words=60):
     """Writes LAMBADA-format JSONL from held-out documents: each passage is a
     document's first `max_words` words, and its last word, without trailing
@@ -196,34 +129,46 @@ def lambada(
     progress=None,
     results=None,
     on_error="fail",
+    delimiter=None,
 ):
-    """LAMBADA in OpenAI's `lambada_test.jsonl` format (`{"text": ...}`).
+    """LAMBADA as lm-eval's `lambada_openai` scores it, from OpenAI's
+    `lambada_test.jsonl` (`{"text": ...}`, also the rows of
+    EleutherAI/lambada_openai) or llm-foundry's `{"context",
+    "continuation"}` lines.
 
-    The target is the last space-separated word; accuracy counts examples
-    whose every target token is the greedy choice, and perplexity is
-    `exp(-mean log-likelihood of the target)`, as lm-eval's `lambada_openai`.
+    The target is the last space-separated word (or the continuation,
+    after `delimiter`: `" "` unless given); accuracy counts examples whose
+    every target token is the greedy choice, and perplexity is
+    `exp(-mean log-likelihood of the target)`. A MultiHashFormer whose
+    `scoring_temperature` is not 1.0 is scored under both rules: the
+    metrics are its calibrated rule's, with `scoring_temperature` and
+    `paper_rule` (the same metrics under the paper's rule) beside them.
     `progress` reports the passages scored (`None`: the `show_progress`
-    setting). With `results` (a `keras_mhf.evaluation.evaluation_results.TaskResults`)
-    each passage's record is written as soon as it is scored, and passages
-    an earlier run recorded are not scored again. A bad line (not JSON, no
-    `text`, a single word) raises `TaskFileError` naming `file:line`, or
-    with `on_error="skip"` is left out (counted in `skipped_lines`); a file
-    with no passage raises.
+    setting). With `results` (a
+    `keras_mhf.evaluation.evaluation_results.TaskResults`) each passage's
+    record is written as soon as it is scored, and passages an earlier run
+    recorded are not scored again. A bad line (not JSON, no `text`, a
+    single word) raises `TaskFileError` naming `file:line`, or with
+    `on_error="skip"` is left out (counted in `skipped_lines`); a file with
+    no passage raises.
 
     Returns:
         `(metrics, per_example)`.
     """
     requests, skipped = read_task_file(
-        path, parse_lambada, on_error, limit, "passages"
+        path, lambada_parser(delimiter), on_error, limit, "passages"
     )
 
-    def record(index, result):
+    def record(index, found):
         context, target = requests[index]
         return {
             "context": context,
             "target": target,
-            "loglikelihood": result[0],
-            "correct": result[1],
+            **{
+                f"loglikelihood{suffix}": result[0][0]
+                for suffix, result in found.items()
+            },
+            **{f"correct{suffix}": result[0][1] for suffix, result in found.items()},
         }
 
     examples = _scored_examples(
@@ -231,25 +176,40 @@ def lambada(
         tokenizer,
         requests,
         [[i] for i in range(len(requests))],
-        lambda index, found: record(index, found[0]),
+        record,
         batch_size,
         progress,
         f"lambada {path}",
         "passages",
         results,
     )
-    lls = np.array([e["loglikelihood"] for e in examples])
-    metrics = {
-        "acc": float(np.mean([e["correct"] for e in examples])),
-        "perplexity": float(np.exp(-lls.mean())),
-        "examples": len(requests),
-    }
-    return _with_skipped(metrics, skipped), examples
+
+    def metrics(suffix):
+        lls = np.array([e[f"loglikelihood{suffix}"] for e in examples])
+        return {
+            "acc": float(np.mean([e[f"correct{suffix}"] for e in examples])),
+            "perplexity": float(np.exp(-lls.mean())),
+        }
+
+    return _task_metrics(model, metrics, len(requests), skipped), examples
 
 
-def _with_skipped(metrics, skipped):
-    """`metrics` with the count of bad lines left out, when there were."""
-    return metrics | ({"skipped_lines": skipped} if skipped else {})
+def _task_metrics(model, metrics, examples, skipped):
+    """A task's metrics under the model's rule, with `paper_rule` and
+    `scoring_temperature` beside them when it has two, the number of
+    examples and the bad lines left out."""
+    result = metrics("")
+    if two_rules(model):
+        result["paper_rule"] = metrics(PAPER_RULE)
+        result["scoring_temperature"] = model.scoring_temperature
+    result["examples"] = examples
+    return result | ({"skipped_lines": skipped} if skipped else {})
+
+
+# Suffix of the per-example fields scored under the paper's rule.
+PAPER_RULE = "_paper_rule"
+# Examples scored (and their records written) at a time.
+EXAMPLES_PER_CHUNK = 64
 
 
 def _scored_examples(
@@ -268,39 +228,50 @@ def _scored_examples(
     and returns every example's record, in example order.
 
     `example_requests[k]` lists example k's request indices;
-    `make_record(k, [(log_likelihood, is_greedy), ...])` makes its record,
-    written to `results` (if given) as soon as its last request is scored.
+    `make_record(k, {suffix: [(log_likelihood, is_greedy), ...]})` makes its
+    record from its requests' results under the model's rule (suffix `""`)
+    and, for a model with two rules, the paper's (`PAPER_RULE`); records are
+    written to `results` (if given) a chunk of examples at a time.
     """
     done = {} if results is None else dict(results.done)
     todo = [k for k in range(len(example_requests)) if k not in done]
-    owner, pending = {}, {}
-    for k in todo:
-        pending[k] = {}
-        for request in example_requests[k]:
-            owner[request] = k
-    order = [r for k in todo for r in example_requests[k]]
-
-    def on_batch(batch, found):
-        for local, result in zip(batch, found):
-            k = owner[order[local]]
-            pending[k][order[local]] = result
-            if len(pending[k]) == len(example_requests[k]):
-                parts = pending.pop(k)
-                record = make_record(k, [parts[r] for r in example_requests[k]])
-                if results is not None:
-                    results.add(k, record)
-                done[k] = record
-
-    loglikelihoods(
-        model,
-        tokenizer,
-        [requests[r] for r in order],
-        batch_size,
-        progress=progress,
-        label=label,
-        unit=unit,
-        on_batch=on_batch,
-    )
+    rules = ["", PAPER_RULE] if two_rules(model) else [""]
+    total = sum(len(example_requests[k]) for k in todo) * len(rules)
+    progress = Progress(label, total, unit, progress)
+    scored = 0
+    for start in range(0, len(todo), EXAMPLES_PER_CHUNK):
+        chunk = todo[start : start + EXAMPLES_PER_CHUNK]
+        order = [r for k in chunk for r in example_requests[k]]
+        found = {}
+        for suffix in rules:
+            rule = paper_rule(model) if suffix else contextlib.nullcontext()
+            with rule:
+                found[suffix] = dict(
+                    zip(
+                        order,
+                        loglikelihoods(
+                            model,
+                            tokenizer,
+                            [requests[r] for r in order],
+                            batch_size,
+                            progress=False,
+                        ),
+                    )
+                )
+            scored += len(order)
+            progress.update(scored)
+        for k in chunk:
+            record = make_record(
+                k,
+                {
+                    suffix: [by_request[r] for r in example_requests[k]]
+                    for suffix, by_request in found.items()
+                },
+            )
+            if results is not None:
+                results.add(k, record)
+            done[k] = record
+    progress.close()
     return [
         {key: v for key, v in done[k].items() if key not in _LINE_KEYS}
         for k in range(len(example_requests))
@@ -320,40 +291,58 @@ def multiple_choice(
     progress=None,
     results=None,
     on_error="fail",
+    task=None,
+    delimiter=None,
 ):
-    """Multiple choice in `{"query", "choices": [...], "gold": i}` JSONL.
+    """A multiple-choice task as lm-eval scores it.
 
-    Each choice is scored as the continuation `" " + choice` of the query;
-    `acc` takes the highest summed log-likelihood, `acc_norm` the highest
-    log-likelihood per character of the choice, like lm-eval. `progress`
-    reports the choices scored (`None`: the `show_progress` setting).
-    `results` streams and resumes, and `on_error` acts, as for `lambada`
-    (bad lines: not JSON, a missing or empty `query`, fewer than two
-    `choices`, a `gold` that is not an index into them).
+    Args:
+        task: one of `keras_mhf.evaluation.task_formats.MULTIPLE_CHOICE_TASKS`
+            (`"arc_easy"`, `"copa"`, `"openbookqa"`, `"piqa"`,
+            `"hellaswag"`, `"race"`, `"sciq"`, `"siqa"`, `"record"`; lm-eval's
+            names work too): the file holds that task's Hugging Face rows or
+            pre-formatted `{"query", "choices", "gold"}` lines, prompted as
+            lm-eval's task definition prompts them, and the metrics are the
+            task's (acc, acc_norm, or ReCoRD's f1 and em). `None`: a
+            `{"query", "choices": [...], "gold": i}` file, scored for acc and
+            acc_norm.
+        delimiter: what joins the prompt and each choice (lm-eval's
+            `target_delimiter`; `None`: `" "`, the ten tasks' own).
+
+    Each choice is scored as the continuation `delimiter + choice` of the
+    prompt; `acc` takes the highest summed log-likelihood, `acc_norm` the
+    highest log-likelihood per character of the choice, like lm-eval. Two
+    rules, `progress`, `results` and `on_error` act as for `lambada` (bad
+    lines: not JSON, in none of the task's formats, too few choices, a gold
+    label that is not one of them).
 
     Returns:
         `(metrics, per_example)`.
     """
     docs, skipped = read_task_file(
-        path, parse_multiple_choice, on_error, limit, "questions"
+        path, task_formats.task_parser(task), on_error, limit, "questions"
     )
+    delimiter = task_formats.DELIMITER if delimiter is None else delimiter
     requests, example_requests = [], []
     for d in docs:
         start = len(requests)
-        requests.extend((d["query"], " " + c) for c in d["choices"])
+        requests.extend((d["query"], delimiter + c) for c in d["choices"])
         example_requests.append(list(range(start, len(requests))))
 
     def record(index, found):
         d = docs[index]
-        lls = np.array([r[0] for r in found])
-        lengths = np.array([len(c) for c in d["choices"]], "float64")
-        return {
-            "query": d["query"],
-            "loglikelihoods": lls.tolist(),
-            "prediction": int(lls.argmax()),
-            "prediction_norm": int((lls / lengths).argmax()),
-            "gold": d["gold"],
-        }
+        lls = [r[0] for r in found[""]]
+        # The choice of highest log-likelihood (ties: the first).
+        line = {"query": d["query"], "prediction": int(np.argmax(lls))}
+        for suffix, results_ in found.items():
+            lls = [r[0] for r in results_]
+            line[f"loglikelihoods{suffix}"] = lls
+            line[f"metrics{suffix}"] = task_formats.example_metrics(
+                task, d, lls
+            )
+        if "gold" in d:
+            line["gold"] = d["gold"]
+        return line
 
     examples = _scored_examples(
         model,
@@ -363,15 +352,15 @@ def multiple_choice(
         record,
         batch_size,
         progress,
-        f"multiple choice {path}",
+        f"{task or 'multiple choice'} {path}",
         "choices",
         results,
     )
-    metrics = {
-        "acc": float(np.mean([e["prediction"] == e["gold"] for e in examples])),
-        "acc_norm": float(
-            np.mean([e["prediction_norm"] == e["gold"] for e in examples])
-        ),
-        "examples": len(docs),
-    }
-    return _with_skipped(metrics, skipped), examples
+
+    def metrics(suffix):
+        return {
+            name: float(np.mean([e[f"metrics{suffix}"][name] for e in examples]))
+            for name in task_formats.task_metrics(task)
+        }
+
+    return _task_metrics(model, metrics, len(docs), skipped), examples

@@ -17,6 +17,7 @@ import pytest
 from keras_mhf.cli import main as cli
 from tests.conftest import CORPUS
 from tests.conftest import REPO
+from tests.evaluation.harness_rows import write_rows
 from tests.pretraining_helpers import RUN
 from tests.pretraining_helpers import run_flags
 from tests.pretraining_helpers import write_documents
@@ -175,14 +176,38 @@ def test_evaluate_a_preset(trained, capsys):
     lambada.write_text(
         "".join(json.dumps({"text": s}) + "\n" for s in CORPUS[:4])
     )
-    status, out, _ = run_cli(
+    piqa = write_rows(str(root), "piqa")
+    status, out, err = run_cli(
         ["evaluate", "--preset", preset, "--lambada", lambada]
+        + ["--task", f"piqa={piqa}", "--task", f"social_iqa={piqa}"]
         + ["--no-progress", "--output", root / "results.jsonl"],
         capsys,
     )
+    assert status == 1 and f"{piqa}:1: siqa expects" in err
+    status, out, _ = run_cli(
+        ["evaluate", "--preset", preset, "--lambada", lambada]
+        + ["--task", f"piqa={piqa}", "--delimiter", "\n"]
+        + ["--no-progress", "--output", root / "results2.jsonl"],
+        capsys,
+    )
     assert status == 0
-    metrics = last_json(out)[f"lambada:{lambada}"]
+    results = last_json(out)
+    metrics = results[f"lambada:{lambada}"]
     assert metrics["examples"] == 4 and 0 <= metrics["acc"] <= 1
+    # A calibrated preset: its rule, and the paper's beside it.
+    piqa_metrics = results[f"piqa:{piqa}"]
+    assert set(piqa_metrics) == {
+        "acc",
+        "acc_norm",
+        "examples",
+        "paper_rule",
+        "scoring_temperature",
+    }
+    assert set(piqa_metrics["paper_rule"]) == {"acc", "acc_norm"}
+    for bad in ("winogrande=x.jsonl", "piqa"):
+        with pytest.raises(SystemExit):
+            cli.main(["evaluate", "--preset", preset, "--task", bad])
+        assert "--task" in capsys.readouterr().err
 
 
 def test_evaluate_errors_are_one_line(trained, capsys):

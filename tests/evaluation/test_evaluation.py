@@ -135,6 +135,49 @@ def test_multiple_choice_acc_and_acc_norm(tiny_lm, small_tokenizer, tmp_path):
     )
 
 
+def test_tasks_report_both_scoring_rules(tiny_lm, small_tokenizer, tmp_path):
+    """With a calibrated temperature, LAMBADA and multiple-choice metrics
+    are the calibrated rule's, and `paper_rule` holds those of the same
+    model at temperature 1.0."""
+    from tests.evaluation.harness_rows import write_rows
+
+    piqa = write_rows(str(tmp_path), "piqa")
+    lambada = write_rows(str(tmp_path), "lambada")
+    paper, paper_examples = evaluation.multiple_choice(
+        tiny_lm, small_tokenizer, piqa, task="piqa"
+    )
+    paper_lambada, _ = evaluation.lambada(tiny_lm, small_tokenizer, lambada)
+    assert "paper_rule" not in paper and "paper_rule" not in paper_lambada
+    tiny_lm.scoring_temperature = 1.7
+    calibrated, examples = evaluation.multiple_choice(
+        tiny_lm, small_tokenizer, piqa, task="piqa"
+    )
+    calibrated_lambada, _ = evaluation.lambada(
+        tiny_lm, small_tokenizer, lambada
+    )
+    assert calibrated["scoring_temperature"] == 1.7
+    assert calibrated["paper_rule"] == {
+        k: paper[k] for k in ("acc", "acc_norm")
+    }
+    for example, before in zip(examples, paper_examples):
+        np.testing.assert_allclose(
+            example["loglikelihoods_paper_rule"],
+            before["loglikelihoods"],
+            rtol=1e-5,
+        )
+        assert not np.allclose(
+            example["loglikelihoods"], before["loglikelihoods"], rtol=1e-3
+        )
+    np.testing.assert_allclose(
+        calibrated_lambada["paper_rule"]["perplexity"],
+        paper_lambada["perplexity"],
+        rtol=1e-5,
+    )
+    assert calibrated_lambada["perplexity"] != pytest.approx(
+        paper_lambada["perplexity"], rel=1e-3
+    )
+
+
 def test_rank_correlations():
     x = [0.1, 0.4, 0.4, 0.9, 0.3]
     y = [1.0, 2.0, 3.0, 5.0, 0.5]

@@ -13,8 +13,8 @@ from keras_mhf.evaluation import TaskFileWarning
 from keras_mhf.evaluation import read_task_file
 from keras_mhf.evaluation.card660 import parse_card660
 from keras_mhf.evaluation.evaluation_results import EvaluationResults
-from keras_mhf.evaluation.tasks import parse_lambada
-from keras_mhf.evaluation.tasks import parse_multiple_choice
+from keras_mhf.evaluation.task_formats import parse_lambada
+from keras_mhf.evaluation.task_formats import parse_multiple_choice
 
 
 def write(tmp_path, name, *lines):
