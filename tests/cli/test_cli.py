@@ -205,9 +205,10 @@ def test_evaluate_a_preset(trained, capsys):
     }
     assert set(piqa_metrics["paper_rule"]) == {"acc", "acc_norm"}
     for bad in ("winogrande=x.jsonl", "piqa"):
-        with pytest.raises(SystemExit):
-            cli.main(["evaluate", "--preset", preset, "--task", bad])
-        assert "--task" in capsys.readouterr().err
+        status, _, err = run_cli(
+            ["evaluate", "--preset", preset, "--task", bad], capsys
+        )
+        assert status == 2 and f"--task '{bad}'" in err
 
 
 def test_evaluate_errors_are_one_line(trained, capsys):
