@@ -19,7 +19,7 @@ COMMANDS = {
     "finetune": ("finetune", "fine-tune a preset, with LoRA or fully"),
     "evaluate": (
         "evaluate",
-        "perplexity, LAMBADA, multiple choice and Card-660 of a preset",
+        "perplexity, the paper's ten tasks and Card-660 of a preset",
     ),
     "expand-vocabulary": (
         "expand_vocabulary",
