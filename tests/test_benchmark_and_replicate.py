@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import keras
+import numpy as np
 import pytest
 
 from tests.conftest import MISTRAL_MODEL
@@ -141,6 +142,32 @@ def test_inference_benchmark_smoke(tmp_path, inference):
 
 
 @pytest.mark.large
+def test_accelerator_check_smoke(tmp_path):
+    """The accelerator run-book's command at tiny shapes on CPU: MHF and
+    Standard trained and decoded, with MFU, memory and ratios written."""
+    done = subprocess.run(
+        [
+            "bash",
+            str(REPO / "tools" / "accelerator_check.sh"),
+            "--smoke",
+            "--output",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "accelerator_check.json").read_text())
+    assert [r["model"] for r in report["train"]] == ["standard", "h4b64"]
+    for row in report["train"]:
+        assert row["tokens_per_s"] > 0 and 0 < row["mfu_measured_peak"]
+        assert row["peak_memory_bytes"] > 0 and np.isfinite(row["loss"])
+    assert all(r["decode_ms_per_token_b1"] > 0 for r in report["decode"])
+    table = (tmp_path / "accelerator_check.md").read_text()
+    assert "MHF/Std tokens/s" in table and "x |" in table
+
+
 def test_profile_smoke():
     if keras.config.backend() != "jax":
         pytest.skip("tools/profile_step.py uses the JAX profiler")

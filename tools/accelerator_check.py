@@ -1,0 +1,414 @@
+"""The accelerator run-book's measurements: MHF against the Standard
+baseline at the paper's 100M shape on whatever accelerator this machine has
+(`tools/accelerator_check.sh` installs what is missing and runs this).
+
+For each vocabulary size (`--vocab`, default 32K and 256K) and model (MHF
+H4 B16384 with the fused cascade head, and Standard: KerasHub Qwen3 on the
+same trunk), a training step at sequence 1024 is measured at a probe batch,
+then at the largest batch its peak device memory says fits (90 % of the
+device's memory, a multiple of 8, at most `--max-batch`); decoding (greedy,
+KV cache, batch 1, 32 new tokens after 16) at `--decode-vocab` (default 32K
+and 1M). Reported: tokens/s, model-FLOPs utilisation (analytic training
+FLOPs x tokens/s over the device's peak for the precision: the vendor's
+dense number where known, and a bf16/f32 matmul measured in the same run),
+peak device memory, and MHF/Standard ratios. Each measurement runs in its
+own process, so peak memory is per model.
+
+    tools/accelerator_check.sh                        # on a GPU/TPU machine
+    python tools/accelerator_check.py --smoke --output /tmp/check   # CPU, seconds
+"""
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import benchmarking  # noqa: E402
+
+# Dense peak FLOP/s by device name (vendor numbers, without sparsity).
+PEAK_FLOPS = {
+    "H200": {"bfloat16": 989e12, "float32": 67e12},
+    "H100": {"bfloat16": 989e12, "float32": 67e12},
+    "A100": {"bfloat16": 312e12, "float32": 19.5e12},
+    "TPU v4": {"bfloat16": 275e12},
+    "TPU v5 lite": {"bfloat16": 197e12},
+    "TPU v5p": {"bfloat16": 459e12},
+}
+# Model -> the MHF hash configuration of its architecture name.
+MODELS = {"standard": None, "h4b16384": "h4b16k"}
+SMOKE_MODELS = {"standard": None, "h4b64": "h4b64"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--output", default="tools/results")
+    p.add_argument("--trunk", default="100m")
+    p.add_argument("--vocab", nargs="+", type=int, default=[32768, 262144])
+    p.add_argument(
+        "--decode-vocab", nargs="+", type=int, default=[32768, 1048576]
+    )
+    p.add_argument("--sequence-length", type=int, default=1024)
+    p.add_argument("--probe-batch", type=int, default=8)
+    p.add_argument("--max-batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=8, help="timed steps")
+    p.add_argument(
+        "--precision",
+        default="mixed_bfloat16",
+        help="Keras dtype policy of the models (the authors trained in bf16)",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny shapes on any machine (the suite runs this on CPU)",
+    )
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.models = MODELS
+    if args.smoke:
+        args.trunk, args.vocab, args.decode_vocab = "tiny", [512], [2048]
+        args.sequence_length, args.probe_batch = 32, 2
+        args.max_batch, args.steps = 4, 2
+        args.models = SMOKE_MODELS
+    return args
+
+
+def device_info():
+    """`(name, platform, memory limit in bytes or None)` of the first
+    device of the Keras backend."""
+    import keras
+
+    backend = keras.config.backend()
+    if backend == "jax":
+        import jax
+
+        device = jax.local_devices()[0]
+        stats = device.memory_stats() or {}
+        return device.device_kind, device.platform, stats.get("bytes_limit")
+    if backend == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return props.name, "gpu", props.total_memory
+    return "cpu", "cpu", None
+
+
+def peak_memory_bytes():
+    """Peak device memory of this process (CPU: peak resident set)."""
+    import keras
+
+    if keras.config.backend() == "jax":
+        import jax
+
+        stats = jax.local_devices()[0].memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            return stats["peak_bytes_in_use"]
+    if keras.config.backend() == "torch":
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build(model, vocabulary_size, args):
+    import keras
+
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models import standard_backbone
+
+    keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(args.precision)
+    if model == "standard":
+        lm = StandardCausalLM(
+            standard_backbone(vocabulary_size, args.trunk), None
+        )
+    else:
+        lm = MultiHashFormerCausalLM.from_tokens(
+            benchmarking.synthetic_tokens(vocabulary_size),
+            f"{args.trunk}_{args.models[model]}",
+            pad_token_id=2,
+        )
+    lm.compile(optimizer=keras.optimizers.AdamW(1e-4), sampler="greedy")
+    return lm
+
+
+def train_worker(model, vocabulary_size, batch, args):
+    lm = build(model, vocabulary_size, args)
+    rng = np.random.default_rng(0)
+    n = args.sequence_length
+    ids = rng.integers(3, vocabulary_size, (batch, n + 1)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((batch, n), "int32")}
+    y = ids[:, 1:]
+    for _ in range(2):  # compile, warm up
+        loss = lm.train_on_batch(x, y)
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        loss = lm.train_on_batch(x, y)
+        times.append(time.perf_counter() - start)
+    step = float(np.median(times))
+    return {
+        "batch": batch,
+        "step_s": step,
+        "tokens_per_s": batch * n / step,
+        "peak_memory_bytes": peak_memory_bytes(),
+        "loss": float(np.asarray(loss).reshape(-1)[0]),
+    }
+
+
+def decode_worker(model, vocabulary_size, args):
+    lm = build(model, vocabulary_size, args)
+    return {
+        "decode_ms_per_token_b1": benchmarking.generation_ms_per_token(lm, 1),
+        "peak_memory_bytes": peak_memory_bytes(),
+    }
+
+
+def matmul_worker(args):
+    """Measured peak FLOP/s of a compiled square matmul in the policy's
+    compute dtype."""
+    import keras
+    from keras import ops
+
+    dtype = keras.DTypePolicy(args.precision).compute_dtype
+    size = 512 if args.smoke else 8192
+    a = keras.random.normal((size, size), dtype=dtype, seed=0)
+
+    def run():
+        return ops.convert_to_numpy(ops.sum(ops.matmul(a, a)))
+
+    if keras.config.backend() == "jax":
+        import jax
+
+        f = jax.jit(lambda x: x @ x)
+        f(a).block_until_ready()
+        start = time.perf_counter()
+        for _ in range(20):
+            out = f(a)
+        out.block_until_ready()
+    else:
+        run()
+        start = time.perf_counter()
+        for _ in range(5):
+            run()
+    repeats = 20 if keras.config.backend() == "jax" else 5
+    name, platform, memory = device_info()
+    return {
+        "device": name,
+        "platform": platform,
+        "device_memory_bytes": memory,
+        "compute_dtype": dtype,
+        "measured_peak_flops": 2 * size**3 * repeats
+        / (time.perf_counter() - start),
+    }
+
+
+def call_worker(args, *worker):
+    """Runs one measurement in a fresh process: its result, or `None` and
+    the error's last line (a batch that does not fit, say). `--smoke`
+    measures in this process (seconds; peak memory is then cumulative)."""
+    if args.smoke:
+        return measure(args, *worker), None
+    command = [sys.executable, os.path.abspath(__file__), "--worker"]
+    command += [str(w) for w in worker]
+    command += ["--trunk", args.trunk, "--precision", args.precision]
+    command += ["--sequence-length", str(args.sequence_length)]
+    command += ["--steps", str(args.steps)] + (["--smoke"] if args.smoke else [])
+    started = time.time()
+    done = subprocess.run(command, capture_output=True, text=True)
+    print(
+        f"[{time.strftime('%H:%M:%S')}] {' '.join(map(str, worker))}: "
+        f"{time.time() - started:.0f} s",
+        flush=True,
+    )
+    if done.returncode == 0 and "RESULT " in done.stdout:
+        return json.loads(done.stdout.split("RESULT ")[-1]), None
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return None, (lines[-1] if lines else f"exit {done.returncode}")[:300]
+
+
+def fitting_batch(probe, memory_limit, args):
+    """The largest batch (a multiple of 8, at most `--max-batch`) whose
+    memory, scaled from the probe's peak, is within 90 % of the device."""
+    if not memory_limit:
+        return args.max_batch
+    per_sequence = probe["peak_memory_bytes"] / probe["batch"]
+    batch = int(0.9 * memory_limit / per_sequence)
+    batch = batch // 8 * 8 if batch >= 8 else batch
+    return max(probe["batch"], min(batch, args.max_batch))
+
+
+def run(args):
+    device, _ = call_worker(args, "matmul")
+    name = device["device"]
+    compute = device["compute_dtype"]
+    nominal = next(
+        (v.get(compute) for k, v in PEAK_FLOPS.items() if k in name), None
+    )
+    trunk = _trunk(args.trunk)
+    report = {"device": device, "args": vars(args), "train": [], "decode": []}
+    for vocabulary_size in args.vocab:
+        for model in args.models:
+            probe, error = call_worker(
+                args, "train", model, vocabulary_size, args.probe_batch
+            )
+            row = {"model": model, "vocabulary_size": vocabulary_size}
+            if probe is None:
+                report["train"].append(row | {"error": error})
+                continue
+            best = probe
+            batch = fitting_batch(probe, device["device_memory_bytes"], args)
+            if batch > probe["batch"]:
+                larger, error = call_worker(
+                    args, "train", model, vocabulary_size, batch
+                )
+                if larger is not None:
+                    best = larger
+                else:
+                    row["larger_batch_error"] = f"batch {batch}: {error}"
+            flops = benchmarking.flops_per_token(
+                model, vocabulary_size, trunk, args.sequence_length
+            )
+            row |= best | {"probe": probe, "flops_per_token": flops}
+            row["mfu_measured_peak"] = (
+                flops * best["tokens_per_s"] / device["measured_peak_flops"]
+            )
+            if nominal:
+                row["mfu"] = flops * best["tokens_per_s"] / nominal
+            report["train"].append(row)
+            print(json.dumps(row), flush=True)
+            _write(report, args)
+    for vocabulary_size in args.decode_vocab:
+        for model in args.models:
+            result, error = call_worker(args, "decode", model, vocabulary_size)
+            row = {"model": model, "vocabulary_size": vocabulary_size}
+            row |= result if result is not None else {"error": error}
+            report["decode"].append(row)
+            print(json.dumps(row), flush=True)
+            _write(report, args)
+    report["nominal_peak_flops"] = nominal
+    _write(report, args)
+    return report
+
+
+def _trunk(name):
+    from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+        TRUNKS,
+    )
+
+    return TRUNKS[name]
+
+
+def _ratio(rows, key, vocabulary_size):
+    by_model = {
+        r["model"]: r.get(key)
+        for r in rows
+        if r["vocabulary_size"] == vocabulary_size
+    }
+    standard = by_model.pop("standard", None)
+    mhf = next(iter(by_model.values()), None)
+    return mhf / standard if mhf and standard else None
+
+
+def markdown(report):
+    device = report["device"]
+    lines = [
+        f"# Accelerator check: {device['device']} ({device['platform']})",
+        "",
+        f"Precision `{report['args']['precision']}` (compute "
+        f"{device['compute_dtype']}); trunk `{report['args']['trunk']}`, "
+        f"sequence {report['args']['sequence_length']}. Measured matmul peak "
+        f"{device['measured_peak_flops'] / 1e12:.1f} TFLOP/s"
+        + (
+            f", vendor dense peak {report['nominal_peak_flops'] / 1e12:.0f} "
+            "TFLOP/s"
+            if report.get("nominal_peak_flops")
+            else ""
+        )
+        + ". Written by `tools/accelerator_check.py`.",
+        "",
+        "| V | model | batch | tokens/s | MFU (vendor) | MFU (measured) | peak memory GiB | MHF/Std tokens/s | MHF/Std memory |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["train"]:
+        v = r["vocabulary_size"]
+        if "error" in r:
+            lines.append(f"| {v} | {r['model']} | failed: {r['error']} |")
+            continue
+        speed = _ratio(report["train"], "tokens_per_s", v)
+        memory = _ratio(report["train"], "peak_memory_bytes", v)
+        mfu = f"{r['mfu']:.3f}" if "mfu" in r else "-"
+        lines.append(
+            f"| {v} | {r['model']} | {r['batch']} | {r['tokens_per_s']:,.0f} "
+            f"| {mfu} | {r['mfu_measured_peak']:.3f} "
+            f"| {r['peak_memory_bytes'] / 2**30:.2f} "
+            f"| {_fmt(speed) if r['model'] != 'standard' else ''} "
+            f"| {_fmt(memory) if r['model'] != 'standard' else ''} |"
+        )
+    lines += [
+        "",
+        "| V | model | decode ms/token (batch 1) | MHF/Std |",
+        "|---|---|---|---|",
+    ]
+    for r in report["decode"]:
+        v = r["vocabulary_size"]
+        if "error" in r:
+            lines.append(f"| {v} | {r['model']} | failed: {r['error']} | |")
+            continue
+        ratio = _ratio(report["decode"], "decode_ms_per_token_b1", v)
+        lines.append(
+            f"| {v} | {r['model']} | {r['decode_ms_per_token_b1']:.2f} "
+            f"| {_fmt(ratio) if r['model'] != 'standard' else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(ratio):
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
+def _write(report, args):
+    os.makedirs(args.output, exist_ok=True)
+    stem = os.path.join(args.output, "accelerator_check")
+    with open(stem + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    if report["train"] or report["decode"]:
+        with open(stem + ".md", "w") as f:
+            f.write(markdown(report))
+
+
+def measure(args, kind, *rest):
+    """One measurement: `("matmul",)`, `("train", model, V, batch)` or
+    `("decode", model, V)`."""
+    if kind == "matmul":
+        return matmul_worker(args)
+    if kind == "train":
+        return train_worker(rest[0], int(rest[1]), int(rest[2]), args)
+    return decode_worker(rest[0], int(rest[1]), args)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        result = measure(args, *args.worker)
+        print("RESULT " + json.dumps(result), flush=True)
+        return result
+    report = run(args)
+    print(markdown(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
