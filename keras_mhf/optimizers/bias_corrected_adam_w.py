@@ -37,38 +37,51 @@ class BiasCorrectedAdamW(keras.optimizers.AdamW):
 
     def update_step(self, gradient, variable, learning_rate):
         """One Adam step of `variable` (weight decay is applied before it,
-        by `AdamW`)."""
-        dtype = variable.dtype
-        lr = ops.cast(learning_rate, dtype)
-        gradient = ops.cast(gradient, dtype)
-        step = ops.cast(self.iterations + 1, dtype)
-        bias_correction_1 = 1 - ops.power(ops.cast(self.beta_1, dtype), step)
-        bias_correction_2 = 1 - ops.power(ops.cast(self.beta_2, dtype), step)
+        by `AdamW`).
+
+        The arithmetic is float32 whatever the weights' dtype, and only the
+        results are stored in it: in bfloat16, `beta_2 = 0.999` rounds to
+        1.0, so `1 - beta_2**t` computed there is 0 (Keras' own `AdamW` then
+        makes no update at all, and this step would divide by zero). torch
+        computes the corrections in Python floats, so bf16 weights and
+        moments train the same way there.
+        """
+        f32 = "float32"
+        lr = ops.cast(learning_rate, f32)
+        gradient = ops.cast(gradient, f32)
+        step = ops.cast(self.iterations + 1, f32)
+        bias_correction_1 = 1 - ops.power(ops.cast(self.beta_1, f32), step)
+        bias_correction_2 = 1 - ops.power(ops.cast(self.beta_2, f32), step)
         index = self._get_variable_index(variable)
-        m = self._momentums[index]
-        v = self._velocities[index]
-        self.assign_add(
-            m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1)
-        )
-        self.assign_add(
+        m_slot = self._momentums[index]
+        v_slot = self._velocities[index]
+        m = ops.cast(m_slot, f32)
+        v = ops.cast(v_slot, f32)
+        m = ops.add(m, ops.multiply(ops.subtract(gradient, m), 1 - self.beta_1))
+        v = ops.add(
             v,
             ops.multiply(
                 ops.subtract(ops.square(gradient), v), 1 - self.beta_2
             ),
         )
+        self.assign(m_slot, ops.cast(m, m_slot.dtype))
+        self.assign(v_slot, ops.cast(v, v_slot.dtype))
         if self.amsgrad:
             v_hat = self._velocity_hats[index]
-            self.assign(v_hat, ops.maximum(v_hat, v))
-            v = v_hat
+            v = ops.maximum(ops.cast(v_hat, f32), v)
+            self.assign(v_hat, ops.cast(v, v_hat.dtype))
         # The correction applied to sqrt(v) before epsilon (torch's order).
         denominator = ops.add(
             ops.divide(ops.sqrt(v), ops.sqrt(bias_correction_2)),
-            ops.cast(self.epsilon, dtype),
+            ops.cast(self.epsilon, f32),
         )
-        self.assign_sub(
+        update = ops.multiply(
+            ops.divide(m, denominator), ops.divide(lr, bias_correction_1)
+        )
+        self.assign(
             variable,
-            ops.multiply(
-                ops.divide(m, denominator), ops.divide(lr, bias_correction_1)
+            ops.cast(
+                ops.subtract(ops.cast(variable, f32), update), variable.dtype
             ),
         )
 

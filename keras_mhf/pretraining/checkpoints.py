@@ -76,9 +76,19 @@ def run_settings(config, data):
         "batch_size": config.batch_size,
         "steps": config.steps,
         "seed": config.seed,
-        "mixed_precision": bool(config.mixed_precision),
+        "precision": config.dtype_policy(),
         "data": data.fingerprint,
     } | _preset_settings(config)
+
+
+def _recorded_settings(settings):
+    """Settings as recorded, read as this version records them: runs of 0.1
+    record `mixed_precision` (a bool) where `precision` is now."""
+    if "mixed_precision" in settings and "precision" not in settings:
+        settings = dict(settings)
+        mixed = settings.pop("mixed_precision")
+        settings["precision"] = "mixed_bfloat16" if mixed else "float32"
+    return settings
 
 
 def _preset_settings(config):
@@ -118,7 +128,7 @@ def record_run(config, data):
     wanted = run_settings(config, data)
     if os.path.exists(path):
         try:
-            found = read_json(path)["settings"]
+            found = _recorded_settings(read_json(path)["settings"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise RunConfigError(
                 f"{path} is unreadable ({error}); delete it only if "
@@ -334,11 +344,12 @@ def resume(config, lm, data):
     directory, state = found
     _check_same_step_everywhere(state["step"])
     wanted = run_settings(config, data)
-    if state["settings"] != wanted:
+    recorded = _recorded_settings(state["settings"])
+    if recorded != wanted:
         raise RunConfigError(
             f"{config.output_dir} holds a checkpoint (step {state['step']}) "
             "of a run with different settings ("
-            + _differences(state["settings"], wanted)
+            + _differences(recorded, wanted)
             + "). Rerun with the settings it was made with to resume it, or "
             "use a new --output."
         )

@@ -30,6 +30,11 @@ SIGNATURE_RULES = ("unique", "reference", "repeated")
 DISTRIBUTIONS = (None, "data", "model")
 # `make_optimizer`'s names (see keras_mhf.pretraining.training).
 OPTIMIZERS = ("adamw", "keras_adamw")
+# Keras dtype policies a run trains in: float32; mixed_bfloat16 (float32
+# weights and optimizer state, bf16 compute); bfloat16 (weights and AdamW
+# state in bf16 too, as the authors trained). The loss and the cascade's
+# softmax are float32 under every policy.
+PRECISIONS = ("float32", "mixed_bfloat16", "bfloat16")
 
 
 def _is_int(value):
@@ -66,7 +71,11 @@ class RunConfig:
     `workers` (tokenizer processes when preparing raw text; default
     every core), `on_error` (raw text: a bad line stops the run naming
     its `file:line`, `"fail"`, or is skipped with a warning, `"skip"`),
-    `mixed_precision` (`mixed_bfloat16` for this run),
+    `precision` (the dtype policy of the run, one of `PRECISIONS`:
+    `"float32"`, `"mixed_bfloat16"`, or `"bfloat16"`, the authors'
+    bf16 weights and optimizer state; the loss and the cascade's
+    softmax stay float32), `mixed_precision` (`True`: the same as
+    `precision="mixed_bfloat16"`, kept from 0.1),
     `rematerialize` (a new model's blocks are recomputed in the backward
     pass, `MultiHashFormerBackbone(rematerialize=True)`: larger batches in
     the same memory, the same numbers; it is not part of what a resumed
@@ -112,6 +121,7 @@ class RunConfig:
     checkpoint_every: int = 50
     workers: int = None
     on_error: str = "fail"
+    precision: str = "float32"
     mixed_precision: bool = False
     rematerialize: bool = False
     seed: int = 0
@@ -131,6 +141,13 @@ class RunConfig:
     def path(self, name):
         return os.path.join(self.output_dir, name)
 
+    def dtype_policy(self):
+        """The run's Keras dtype policy name (`precision`, or
+        `"mixed_bfloat16"` for the older `mixed_precision=True`)."""
+        if self.mixed_precision and self.precision == "float32":
+            return "mixed_bfloat16"
+        return self.precision
+
     def validate(self):
         """Raises `RunConfigError` naming every invalid setting (the rules of
         `_RULES`, in order).
@@ -143,6 +160,15 @@ class RunConfig:
         for name, check in _RULES:
             found = check(self, name, getattr(self, name))
             problems += [found] if isinstance(found, str) else found or []
+        if self.dtype_policy() == "bfloat16" and self.optimizer == "keras_adamw":
+            # Keras' AdamW computes 1 - beta_2**t in the weights' dtype: in
+            # bf16, 0.999 is 1.0 and no weight would ever change.
+            problems.append(
+                "optimizer 'keras_adamw' cannot train bfloat16 weights (it "
+                "computes its bias correction in bf16, where beta_2 = 0.999 "
+                "rounds to 1.0, so no weight changes); use --optimizer adamw "
+                "or --precision mixed_bfloat16"
+            )
         if problems:
             raise RunConfigError("; ".join(problems) + ".")
         if self.warmup_steps >= self.steps and self.steps > 1:
@@ -340,6 +366,13 @@ _RULES = (
         ),
     ),
     (
+        "precision",
+        _rule(
+            lambda v: v in PRECISIONS,
+            f"{{flag}} must be one of {list(PRECISIONS)}, got {{value!r}}",
+        ),
+    ),
+    (
         "optimizer",
         _rule(
             lambda v: v in OPTIMIZERS,
@@ -427,8 +460,7 @@ def writing_alone():
 @contextlib.contextmanager
 def run_scope(config):
     """Sets the process-wide state the run needs (a distribution for
-    `config.distribution`, the `mixed_bfloat16` policy for
-    `config.mixed_precision`, on JAX a persistent compilation cache, see
+    `config.distribution`, the dtype policy of `config.precision`, on JAX a persistent compilation cache, see
     `compilation_cache_directory`) and restores the previous state
     afterwards.
 
@@ -491,8 +523,7 @@ def run_scope(config):
             if process_count > 1:
                 strategy.auto_shard_dataset = False
             keras.distribution.set_distribution(strategy)
-        if config.mixed_precision:
-            keras.config.set_dtype_policy("mixed_bfloat16")
+        keras.config.set_dtype_policy(config.dtype_policy())
         yield
     finally:
         keras.config.set_dtype_policy(previous_policy)

@@ -138,3 +138,32 @@ def test_the_recipes_optimizer_by_name(name):
     assert (type(optimizer) is BiasCorrectedAdamW) == (name == "adamw")
     with pytest.raises(ValueError, match="Unknown optimizer 'sgd'"):
         make_optimizer(1e-3, 10, 2, name="sgd")
+
+
+def test_bfloat16_weights_train_like_float32():
+    """bf16 weights and moments (`--precision bfloat16`): the step is
+    computed in float32 and stored in bf16, so it follows the float32
+    optimizer to bf16 round-off. Keras' own AdamW computes `1 - beta_2**t`
+    in bf16, where 0.999 is 1.0: it leaves the weights unchanged."""
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=(8, 4)).astype("float32")
+    grads = [rng.normal(size=(8, 4)).astype("float32") for _ in range(5)]
+
+    def train(optimizer, dtype):
+        w = keras.Variable(start, dtype=dtype)
+        optimizer.build([w])
+        for g in grads:
+            optimizer.apply_gradients([(keras.ops.cast(g, dtype), w)])
+        return keras.ops.convert_to_numpy(keras.ops.cast(w, "float32"))
+
+    settings = dict(learning_rate=1e-2, weight_decay=0.0)
+    full = train(BiasCorrectedAdamW(**settings), "float32")
+    half = train(BiasCorrectedAdamW(**settings), "bfloat16")
+    assert np.abs(full - start).min() > 1e-3  # every weight moved
+    np.testing.assert_allclose(half, full, atol=0.02, rtol=0.01)
+    frozen = train(keras.optimizers.AdamW(**settings), "bfloat16")
+    np.testing.assert_allclose(
+        frozen, keras.ops.convert_to_numpy(
+            keras.ops.cast(keras.ops.cast(start, "bfloat16"), "float32")
+        )
+    )
