@@ -210,7 +210,9 @@ def matmul_worker(args):
         "platform": platform,
         "device_memory_bytes": memory,
         "compute_dtype": dtype,
-        "measured_peak_flops": 2 * size**3 * repeats
+        "measured_peak_flops": 2
+        * size**3
+        * repeats
         / (time.perf_counter() - start),
     }
 
@@ -225,7 +227,9 @@ def call_worker(args, *worker):
     command += [str(w) for w in worker]
     command += ["--trunk", args.trunk, "--precision", args.precision]
     command += ["--sequence-length", str(args.sequence_length)]
-    command += ["--steps", str(args.steps)] + (["--smoke"] if args.smoke else [])
+    command += ["--steps", str(args.steps)] + (
+        ["--smoke"] if args.smoke else []
+    )
     started = time.time()
     done = subprocess.run(command, capture_output=True, text=True)
     print(
@@ -339,7 +343,8 @@ def markdown(report):
         )
         + ". Written by `tools/accelerator_check.py`.",
         "",
-        "| V | model | batch | tokens/s | MFU (vendor) | MFU (measured) | peak memory GiB | MHF/Std tokens/s | MHF/Std memory |",
+        "| V | model | batch | tokens/s | MFU (vendor) | MFU (measured) "
+        "| peak memory GiB | MHF/Std tokens/s | MHF/Std memory |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["train"]:

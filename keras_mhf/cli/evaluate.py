@@ -123,7 +123,9 @@ def _task(parser, value):
 
     name, sep, path = value.partition("=")
     if not sep or not path:
-        parser.error(f"--task {value!r}: expected NAME=FILE, e.g. piqa=piqa.jsonl")
+        parser.error(
+            f"--task {value!r}: expected NAME=FILE, e.g. piqa=piqa.jsonl"
+        )
     try:
         return task_name(name), path
     except ValueError as error:

@@ -12,18 +12,9 @@ are the task's `metric_list`: `acc` takes the choice of highest summed
 log-likelihood, `acc_norm` the highest per character of the choice, ReCoRD
 scores its best entity with SQuAD's token F1 and exact match.
 
-| task | Hugging Face rows (lm-eval's dataset) | lm-eval prompt | metrics |
-|---|---|---|---|
-| `lambada` | `{"text"}` (EleutherAI/lambada_openai) | the text but its last word | acc, perplexity |
-| `arc_easy` | `{"question", "choices": {"text", "label"}, "answerKey"}` (allenai/ai2_arc) | `Question: {question}\\nAnswer:` | acc, acc_norm |
-| `copa` | `{"premise", "choice1", "choice2", "question", "label"}` (super_glue) | the premise, its period replaced by ` because` / ` therefore` | acc |
-| `openbookqa` | `{"question_stem", "choices": {"text", "label"}, "answerKey"}` | the question stem | acc, acc_norm |
-| `piqa` | `{"goal", "sol1", "sol2", "label"}` | `Question: {goal}\\nAnswer:` | acc, acc_norm |
-| `hellaswag` | `{"activity_label", "ctx_a", "ctx_b", "endings", "label"}` (Rowan/hellaswag) | `{activity_label}: {ctx_a} {ctx_b}`, cleaned | acc, acc_norm |
-| `race` | `{"article", "problems"}` (EleutherAI/race), or one question per row `{"article", "question", "options", "answer"}` | `Article: ...`, the earlier questions answered, the last question | acc |
-| `sciq` | `{"support", "question", "distractor1..3", "correct_answer"}` | `{support}\\nQuestion: {question}\\nAnswer:` | acc, acc_norm |
-| `siqa` | `{"context", "question", "answerA..C", "label"}` (lighteval/siqa) | `Q: {context} {question}\\nA:` | acc |
-| `record` | `{"passage", "query", "entities", "answers"}` (super_glue) | the passage, its highlights as `  - ...` lines; each entity fills `@placeholder` | f1, em |
+The tasks: `lambada`, `arc_easy`, `copa`, `openbookqa`, `piqa`, `hellaswag`,
+`race`, `sciq`, `siqa`, `record` (`TASKS` lists each one's formats; the
+table of rows, prompts and metrics is in docs/evaluation.md).
 
 Example:
 
@@ -271,9 +262,7 @@ def _hellaswag_clean(text):
 
 
 def _hellaswag(record):
-    context = (
-        _text(record, "ctx_a") + " " + _text(record, "ctx_b").capitalize()
-    )
+    context = _text(record, "ctx_a") + " " + _text(record, "ctx_b").capitalize()
     endings = _strings(record, "endings")
     return {
         "query": _hellaswag_clean(
@@ -296,9 +285,7 @@ def _race_problems(record):
                     "'answer'} problems"
                 ) from None
     else:  # one question per row (ehovy/race)
-        problems = [
-            {k: record[k] for k in ("question", "options", "answer")}
-        ]
+        problems = [{k: record[k] for k in ("question", "options", "answer")}]
     if not isinstance(problems, list) or not problems:
         raise ValueError("'problems' must be a non-empty list")
     for problem in problems:
@@ -593,16 +580,13 @@ def task_parser(name):
                     return read(record)
                 except (KeyError, TypeError, IndexError) as error:
                     raise ValueError(
-                        f"not a {name} row ({type(error).__name__}: "
-                        f"{error})"
+                        f"not a {name} row ({type(error).__name__}: {error})"
                     ) from None
         expected = " or ".join(
             "{" + ", ".join(map(repr, fields)) + "}" + f" ({source})"
             for fields, source, _ in formats
         )
         found = ", ".join(map(repr, list(record)[:8])) or "none"
-        raise ValueError(
-            f"{name} expects {expected}; this line has {found}"
-        )
+        raise ValueError(f"{name} expects {expected}; this line has {found}")
 
     return parse

@@ -168,7 +168,10 @@ def lambada(
                 f"loglikelihood{suffix}": result[0][0]
                 for suffix, result in found.items()
             },
-            **{f"correct{suffix}": result[0][1] for suffix, result in found.items()},
+            **{
+                f"correct{suffix}": result[0][1]
+                for suffix, result in found.items()
+            },
         }
 
     examples = _scored_examples(
@@ -359,7 +362,9 @@ def multiple_choice(
 
     def metrics(suffix):
         return {
-            name: float(np.mean([e[f"metrics{suffix}"][name] for e in examples]))
+            name: float(
+                np.mean([e[f"metrics{suffix}"][name] for e in examples])
+            )
             for name in task_formats.task_metrics(task)
         }
 

@@ -160,7 +160,10 @@ class RunConfig:
         for name, check in _RULES:
             found = check(self, name, getattr(self, name))
             problems += [found] if isinstance(found, str) else found or []
-        if self.dtype_policy() == "bfloat16" and self.optimizer == "keras_adamw":
+        if (
+            self.dtype_policy() == "bfloat16"
+            and self.optimizer == "keras_adamw"
+        ):
             # Keras' AdamW computes 1 - beta_2**t in the weights' dtype: in
             # bf16, 0.999 is 1.0 and no weight would ever change.
             problems.append(
@@ -460,9 +463,9 @@ def writing_alone():
 @contextlib.contextmanager
 def run_scope(config):
     """Sets the process-wide state the run needs (a distribution for
-    `config.distribution`, the dtype policy of `config.precision`, on JAX a persistent compilation cache, see
-    `compilation_cache_directory`) and restores the previous state
-    afterwards.
+    `config.distribution`, the dtype policy of `config.precision`, on JAX
+    a persistent compilation cache, see `compilation_cache_directory`) and
+    restores the previous state afterwards.
 
     In a multi-process JAX job each process feeds only its own rows of every
     global batch, so the distribution's `auto_shard_dataset` is turned off.

@@ -25,7 +25,10 @@ ROWS = {
         {
             "id": "Mercury_2",
             "question": "What does the heart pump?",
-            "choices": {"text": ["air", "blood", "light"], "label": ["1", "2", "3"]},
+            "choices": {
+                "text": ["air", "blood", "light"],
+                "label": ["1", "2", "3"],
+            },
             "answerKey": "2",
         },
     ],

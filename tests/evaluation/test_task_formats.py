@@ -67,9 +67,7 @@ def test_prompts_and_choices_are_lm_evals(lm_eval_tasks, name):
         assert our_requests(name, row) == lm_eval_requests(task, doc), row
 
 
-@pytest.mark.parametrize(
-    "name", [n for n in LM_EVAL_TASKS if n != "lambada"]
-)
+@pytest.mark.parametrize("name", [n for n in LM_EVAL_TASKS if n != "lambada"])
 def test_metrics_are_lm_evals(lm_eval_tasks, name):
     """From the same random log-likelihoods (and ties), each row's metrics
     are those of lm-eval's `process_results`, and they are the metrics
@@ -79,15 +77,16 @@ def test_metrics_are_lm_evals(lm_eval_tasks, name):
     for row, doc in zip(ROWS[name], docs):
         ours = task_formats.task_parser(name)(json.dumps(row))
         for trial in range(20):
-            lls = [-rng.choice([1.0, 2.0, 3.5, rng.uniform(0, 9)]) for _ in ours["choices"]]
+            lls = [
+                -rng.choice([1.0, 2.0, 3.5, rng.uniform(0, 9)])
+                for _ in ours["choices"]
+            ]
             expected = task.process_results(doc, [(ll, False) for ll in lls])
             got = task_formats.example_metrics(name, ours, lls)
             assert got == pytest.approx(
                 {k: float(v) for k, v in expected.items()}
             ), (row, lls)
-        assert set(task_formats.task_metrics(name)) == set(
-            task.aggregation()
-        )
+        assert set(task_formats.task_metrics(name)) == set(task.aggregation())
 
 
 def test_record_metrics_match_squad(lm_eval_tasks):
@@ -162,13 +161,21 @@ def test_task_names_and_aliases():
             r"'answerKey' is 'E', not one of the labels",
         ),
         ("copa", dict(ROWS["copa"][0], question="why"), "not 'cause'"),
-        ("record", {"query": "q", "choices": ["a", "b"], "gold": 0}, "record expects"),
+        (
+            "record",
+            {"query": "q", "choices": ["a", "b"], "gold": 0},
+            "record expects",
+        ),
         (
             "race",
             {"article": "a", "problems": "[{'question': 'q'}]"},
             "each problem needs",
         ),
-        ("hellaswag", dict(ROWS["hellaswag"][0], endings="x"), "'endings' must be"),
+        (
+            "hellaswag",
+            dict(ROWS["hellaswag"][0], endings="x"),
+            "'endings' must be",
+        ),
     ],
 )
 def test_a_row_in_no_known_format_is_refused_in_one_line(
@@ -176,7 +183,9 @@ def test_a_row_in_no_known_format_is_refused_in_one_line(
 ):
     path = tmp_path / f"{name}.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    with pytest.raises(TaskFileError, match=f"{name}.jsonl:1: .*{problem}") as e:
+    with pytest.raises(
+        TaskFileError, match=f"{name}.jsonl:1: .*{problem}"
+    ) as e:
         read_task_file(str(path), task_formats.task_parser(name))
     assert "\n" not in str(e.value)
 

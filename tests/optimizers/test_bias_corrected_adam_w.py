@@ -163,7 +163,8 @@ def test_bfloat16_weights_train_like_float32():
     np.testing.assert_allclose(half, full, atol=0.02, rtol=0.01)
     frozen = train(keras.optimizers.AdamW(**settings), "bfloat16")
     np.testing.assert_allclose(
-        frozen, keras.ops.convert_to_numpy(
+        frozen,
+        keras.ops.convert_to_numpy(
             keras.ops.cast(keras.ops.cast(start, "bfloat16"), "float32")
-        )
+        ),
     )

@@ -100,9 +100,7 @@ def test_an_unknown_precision_is_refused(corpus, tmp_path):
     AdamW on bf16 weights (it would never change them)."""
     prepared, tokenizer = corpus
     with pytest.raises(RunConfigError, match="precision must be one of"):
-        pretrain(
-            prepared, str(tmp_path), tokenizer=tokenizer, precision="fp8"
-        )
+        pretrain(prepared, str(tmp_path), tokenizer=tokenizer, precision="fp8")
     with pytest.raises(RunConfigError, match="'keras_adamw' cannot train"):
         pretrain(
             prepared,
