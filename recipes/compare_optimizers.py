@@ -13,7 +13,10 @@ seeds both runs have, and the update sizes of the weight groups that
 
 `--before` and `--after` are runs of the same code with `--optimizer
 keras_adamw` and `adamw` (results folders, each given once or more: their
-runs are pooled); `--earlier` adds the committed results of an earlier
+runs are pooled, a (seed, model) pair taken from the first folder that has
+it; `FOLDER:MODEL,MODEL` takes only those models' runs from a folder, e.g.
+`recipes/results/seeds:standard,single_id_h1x4b16384` for the models whose
+0.1 runs the current code reproduces); `--earlier` adds the committed results of an earlier
 release, labelled as such (the code has changed since, so its numbers are
 not the "before" arm).
 """
@@ -47,8 +50,23 @@ UPDATE_STEPS = ("2", "3", "5", "10", "20", "50", "100", "250")
 
 
 def load(folder):
+    """The runs of a results folder, `FOLDER:MODEL,...` keeping only those
+    models'."""
+    folder, _, models = folder.partition(":")
     with open(os.path.join(folder, "results.json")) as f:
-        return json.load(f)["runs"]
+        runs = json.load(f)["runs"]
+    wanted = set(models.split(",")) if models else None
+    return [r for r in runs if wanted is None or r["model"] in wanted]
+
+
+def pooled(folders):
+    """The runs of several folders, each (seed, model) from the first folder
+    that has it, in seed order."""
+    runs = {}
+    for folder in folders:
+        for r in load(folder):
+            runs.setdefault((r["seed"], r["model"]), r)
+    return [runs[key] for key in sorted(runs, key=lambda k: k[0])]
 
 
 def _cell(runs, value, digits):
@@ -122,8 +140,8 @@ def main(argv=None):
     )
     p.add_argument("--output", required=True, help="the markdown file")
     args = p.parse_args(argv)
-    before = [r for folder in args.before for r in load(folder)]
-    after = [r for folder in args.after for r in load(folder)]
+    before = pooled(args.before)
+    after = pooled(args.after)
     arms = [("Keras AdamW", before), ("authors' AdamW", after)]
     if args.earlier:
         arms.insert(
