@@ -34,6 +34,7 @@ BACKEND_INDEPENDENT = {
     "test_signature_table.py",
     "test_task_files.py",
     "test_task_formats.py",
+    "test_compare_optimizers.py",
     # The command line's argument handling and one smoke run per subcommand;
     # the functions behind them are tested on every backend.
     "test_cli.py",
