@@ -147,9 +147,22 @@ def main(argv=None):
         arms.insert(
             0, ("Keras AdamW, 0.1's committed runs", load(args.earlier))
         )
+    sources = (
+        "\n".join(
+            f"- {label}: " + ", ".join(f"`{f}`" for f in folders)
+            for label, folders in (
+                ("Keras AdamW", args.before),
+                ("authors' AdamW", args.after),
+            )
+        )
+        + "\n\n(`FOLDER:MODEL,...`: only those models' runs; each (seed, "
+        "model) comes from the first folder that has it.)\n"
+    )
     text = (
         "# Keras' AdamW against the authors' AdamW\n\n"
         + metrics_table(arms)
+        + "\nRuns of each arm:\n\n"
+        + sources
         + "\n"
         + updates_table(before, after)
     )
