@@ -1,4 +1,5 @@
-"""`recipes/compare_optimizers.py` pools results folders as its docstring
+"""The replication recipes' bookkeeping: `recipes/compare_optimizers.py`
+pools results folders as its docstring
 says: each (seed, model) once, the first folder's, and `FOLDER:MODEL,...`
 takes only those models. Backend-independent: JSON and text."""
 
@@ -52,3 +53,20 @@ def test_arms_pool_each_seed_and_model_once(tmp_path):
         [("before", pooled), ("after", pooled)]
     )
     assert "| mhf | before (seeds 0, 1) | 25.0 ± 7.1 |" in table
+
+
+def test_replicate_keeps_the_runs_of_the_same_settings(tmp_path):
+    """`recipes/replicate.py` rerun with more seeds trains only the missing
+    runs: those of a results.json with the same settings (seeds aside) are
+    kept; other settings keep nothing."""
+    import replicate
+
+    config = {"trunk": "mini", "steps": 300, "seeds": 1, "optimizer": "adamw"}
+    path = tmp_path / "results.json"
+    path.write_text(
+        json.dumps({"config": config, "runs": [run(0, "mhf", 20.0)]})
+    )
+    kept = replicate._finished_runs(str(path), dict(config, seeds=3))
+    assert list(kept) == [(0, "mhf")]
+    assert replicate._finished_runs(str(path), dict(config, steps=10)) == {}
+    assert replicate._finished_runs(str(tmp_path / "none.json"), config) == {}
