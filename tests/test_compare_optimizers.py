@@ -1,7 +1,7 @@
 """The replication recipes' bookkeeping: `recipes/compare_optimizers.py`
-pools results folders as its docstring
-says: each (seed, model) once, the first folder's, and `FOLDER:MODEL,...`
-takes only those models. Backend-independent: JSON and text."""
+pools results folders as its docstring says (each (seed, model) once, the
+first folder's; `FOLDER:MODEL,...` takes only those models), and
+`recipes/replicate.py` keeps finished runs. Backend-independent: JSON."""
 
 import json
 import sys
