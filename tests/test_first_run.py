@@ -248,6 +248,7 @@ def test_evaluation_and_calibration_report_progress(
     )
     immediate = functools.partial(progress_module.Progress, delay=0)
     monkeypatch.setattr(scoring, "Progress", immediate)
+    monkeypatch.setattr(evaluation.tasks, "Progress", immediate)
     monkeypatch.setattr(calibration, "Progress", immediate)
     path = tmp_path / "last_word.jsonl"
     evaluation.write_last_word_file(

@@ -240,8 +240,16 @@ def _scored_examples(
     todo = [k for k in range(len(example_requests)) if k not in done]
     rules = ["", PAPER_RULE] if two_rules(model) else [""]
     total = sum(len(example_requests[k]) for k in todo) * len(rules)
+    if len(rules) > 1:
+        unit += " x 2 rules"
     progress = Progress(label, total, unit, progress)
     scored = 0
+
+    def on_batch(batch, _):
+        nonlocal scored
+        scored += len(batch)
+        progress.update(scored)
+
     for start in range(0, len(todo), EXAMPLES_PER_CHUNK):
         chunk = todo[start : start + EXAMPLES_PER_CHUNK]
         order = [r for k in chunk for r in example_requests[k]]
@@ -258,11 +266,10 @@ def _scored_examples(
                             [requests[r] for r in order],
                             batch_size,
                             progress=False,
+                            on_batch=on_batch,
                         ),
                     )
                 )
-            scored += len(order)
-            progress.update(scored)
         for k in chunk:
             record = make_record(
                 k,
