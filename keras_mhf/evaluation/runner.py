@@ -63,8 +63,6 @@ def evaluate_preset(
     """
     import keras_hub
 
-    from keras_mhf.evaluation.evaluation_results import EvaluationResults
-
     model = keras_hub.models.CausalLM.from_preset(preset)
     tokenizer = model.preprocessor.tokenizer
     settings = {
@@ -76,20 +74,16 @@ def evaluate_preset(
     }
     if delimiter is not None:
         settings["delimiter"] = delimiter
-    tasks = (
-        [("perplexity", path) for path in perplexity_files]
-        + [("lambada", path) for path in lambada_files]
-        + [("multiple_choice", path) for path in multiple_choice_files]
-        + [(task_name(name), path) for name, path in tasks]
-        + [("rare_words", path) for path in card660_files]
+    task_files = _task_files(
+        perplexity_files,
+        lambada_files,
+        multiple_choice_files,
+        tasks,
+        card660_files,
     )
-    if output is None:
-        log = contextlib.nullcontext(None)
-    else:
-        log = EvaluationResults.open(output, settings)
     results = {}
-    with log as log:
-        for task, path in tasks:
+    with _results_log(output, settings) as log:
+        for task, path in task_files:
             stream = None if log is None else log.task(task, path)
             if stream is not None and stream.metrics is not None:
                 metrics = stream.metrics  # finished in an earlier run
@@ -111,6 +105,33 @@ def evaluate_preset(
                 if stream is not None:
                     stream.finish(metrics)
             results[f"{task}:{path}"] = metrics
+    _report_shapes(model, batch_size, progress)
+    return results
+
+
+def _task_files(perplexity, lambada, multiple_choice, tasks, card660):
+    """`[(task, path)]` in the order `evaluate_preset` runs them."""
+    return (
+        [("perplexity", path) for path in perplexity]
+        + [("lambada", path) for path in lambada]
+        + [("multiple_choice", path) for path in multiple_choice]
+        + [(task_name(name), path) for name, path in tasks]
+        + [("rare_words", path) for path in card660]
+    )
+
+
+def _results_log(output, settings):
+    """The `EvaluationResults` of `output`, locked (a context yielding
+    `None` when there is no output)."""
+    from keras_mhf.evaluation.evaluation_results import EvaluationResults
+
+    if output is None:
+        return contextlib.nullcontext(None)
+    return EvaluationResults.open(output, settings)
+
+
+def _report_shapes(model, batch_size, progress):
+    """With progress on, says on stderr how many scoring shapes compiled."""
     scorer = NextTokenScorer.cached(model, batch_size)
     if scorer is not None and progress_enabled(progress):
         shapes = sorted(scorer.shapes)
@@ -118,7 +139,6 @@ def evaluate_preset(
             f"Scored with {len(shapes)} compiled scoring shapes (batch x "
             f"length): {', '.join(f'{b}x{n}' for b, n in shapes)}\n"
         )
-    return results
 
 
 def _preset_sha256(preset):

@@ -231,6 +231,7 @@ def loglikelihoods(
     label="loglikelihood",
     unit="requests",
     on_batch=None,
+    encoded=None,
 ):
     """lm-eval style log-likelihood requests.
 
@@ -244,6 +245,9 @@ def loglikelihoods(
         label, unit: the progress line's label and unit.
         on_batch: called after each batch with the request indices it
             scored and their results (to stream results as they come).
+        encoded: the requests' `encode_pair` ids, when the caller has them
+            (to score the same requests under several rules, encoding them
+            once).
 
     Returns:
         list of `(log_likelihood, is_greedy)`: the summed log-probability of
@@ -251,7 +255,8 @@ def loglikelihoods(
         is the argmax under teacher forcing.
     """
     progress = Progress(label, len(requests), unit, progress)
-    encoded = [encode_pair(tokenizer, c, x) for c, x in requests]
+    if encoded is None:
+        encoded = [encode_pair(tokenizer, c, x) for c, x in requests]
     results = [None] * len(encoded)
     order = sorted(
         range(len(encoded)),

@@ -33,6 +33,8 @@ import json
 import re
 import string
 
+import numpy as np
+
 # lm-eval's names of the tasks, and other names users know them by.
 ALIASES = {
     "lambada_openai": "lambada",
@@ -401,26 +403,21 @@ def squad_exact(gold, prediction):
     return float(_normalize_answer(gold) == _normalize_answer(prediction))
 
 
-def _argmax(values):
-    return max(range(len(values)), key=lambda i: (values[i], -i))
-
-
 def choice_metrics(doc, lls):
     """acc and acc_norm of one question from its choices' log-likelihoods
-    (ties go to the first choice, as numpy's argmax)."""
-    lengths = [len(c) for c in doc["choices"]]
+    (numpy's argmax, as lm-eval: ties go to the first choice)."""
+    lls = np.asarray(lls, "float64")
+    lengths = np.array([len(c) for c in doc["choices"]], "float64")
     return {
-        "acc": float(_argmax(lls) == doc["gold"]),
-        "acc_norm": float(
-            _argmax([ll / n for ll, n in zip(lls, lengths)]) == doc["gold"]
-        ),
+        "acc": float(np.argmax(lls) == doc["gold"]),
+        "acc_norm": float(np.argmax(lls / lengths) == doc["gold"]),
     }
 
 
 def record_metrics(doc, lls):
     """ReCoRD: the entity of highest log-likelihood, scored against every
     answer with SQuAD's F1 and exact match (the best of them)."""
-    prediction = doc["entities"][_argmax(lls)]
+    prediction = doc["entities"][int(np.argmax(lls))]
     return {
         "f1": max(squad_f1(a, prediction) for a in doc["answers"]),
         "em": max(squad_exact(a, prediction) for a in doc["answers"]),

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 
 from keras_mhf.evaluation import task_formats
+from keras_mhf.evaluation.scoring import encode_pair
 from keras_mhf.evaluation.scoring import loglikelihoods
 from keras_mhf.evaluation.scoring import paper_rule
 from keras_mhf.evaluation.scoring import two_rules
@@ -253,6 +254,9 @@ def _scored_examples(
     for start in range(0, len(todo), EXAMPLES_PER_CHUNK):
         chunk = todo[start : start + EXAMPLES_PER_CHUNK]
         order = [r for k in chunk for r in example_requests[k]]
+        texts = [requests[r] for r in order]
+        # Encoded once, scored under each rule.
+        encoded = [encode_pair(tokenizer, c, x) for c, x in texts]
         found = {}
         for suffix in rules:
             rule = paper_rule(model) if suffix else contextlib.nullcontext()
@@ -263,10 +267,11 @@ def _scored_examples(
                         loglikelihoods(
                             model,
                             tokenizer,
-                            [requests[r] for r in order],
+                            texts,
                             batch_size,
                             progress=False,
                             on_batch=on_batch,
+                            encoded=encoded,
                         ),
                     )
                 )
