@@ -112,8 +112,20 @@ def xla_sizes(model, x, y):
 
 
 def worker(
-    mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat, xla
+    mode,
+    tokens_per_step,
+    sequence_length,
+    vocabulary_size,
+    trunk,
+    remat,
+    xla,
+    precision="float32",
 ):
+    import keras
+
+    # As `--precision` of pre-training: bf16 weights (and AdamW state), or
+    # bf16 compute over float32 weights.
+    keras.config.set_dtype_policy(precision)
     model, x, y = build(
         mode, tokens_per_step, sequence_length, vocabulary_size, trunk, remat
     )
@@ -198,6 +210,12 @@ def main(argv=None):
         help="JAX: report XLA's buffer sizes of the compiled step instead of "
         "running it (seconds per row; sizes that do not fit this machine too)",
     )
+    p.add_argument(
+        "--precision",
+        default="float32",
+        choices=("float32", "mixed_bfloat16", "bfloat16"),
+        help="the models' dtype policy (as pre-training's --precision)",
+    )
     p.add_argument("--out", default=None)
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -211,6 +229,7 @@ def main(argv=None):
             args.trunk,
             args.rematerialize,
             args.xla_analysis,
+            args.precision,
         )
     rows = []
     for tokens in args.tokens:
@@ -226,6 +245,8 @@ def main(argv=None):
                 str(args.vocab),
                 "--trunk",
                 args.trunk,
+                "--precision",
+                args.precision,
                 *(["--rematerialize"] if args.rematerialize else []),
                 *(["--xla-analysis"] if args.xla_analysis else []),
             ]
@@ -286,7 +307,8 @@ def format_table(rows, args):
     setting = (
         f"{trunk}, H4 B16384 (fused_h3: H3 B10624; trunk: the H4 backbone "
         "without a head; standard_trunk: Standard's), "
-        f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, AdamW"
+        f"V = {args.vocab:,} synthetic, sequence {args.sequence_length}, AdamW, "
+        f"precision {args.precision}"
     )
     flag = {
         "jax": f"; XLA flag `{XLA_CPU_MEMORY_SCHEDULER}`",
