@@ -179,6 +179,18 @@ def compilation_cache_env(directory):
     return env
 
 
+def checkpoint_variables(directory):
+    """`{"model/00000": numpy value, ...}`: the variables of a checkpoint
+    directory (`checkpoint_store.read_variables`), flat."""
+    from keras_mhf.pretraining.checkpoint_store import read_variables
+
+    return {
+        f"{group}/{key}": value
+        for group, found in read_variables(directory).items()
+        for key, value in found.items()
+    }
+
+
 def weights_in(path):
     """`{dataset name: numpy value}` of a Keras `.weights.h5` file."""
     import h5py

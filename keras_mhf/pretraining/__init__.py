@@ -27,14 +27,16 @@
    weight; `log.csv` scores under the paper's rule.
 
 Checkpoints are directories `OUTPUT/checkpoints/step_NNNNNN/` holding the
-weights (model and optimizer state, `model.weights.h5`) and the run state
-(`state.json`: step, chunk, the settings that must not change, the weights'
-size and sha256). Each is written under a temporary name, flushed to disk and
-renamed in one atomic step; older ones are pruned only after that (the last
-`KEEP_CHECKPOINTS` are kept). Training data is a pure function of the seed and
-the global step, so a run killed at any point and rerun with the same
-settings resumes from the newest complete checkpoint, reads nothing it already
-read, and ends with the same weights, to the bit, as an uninterrupted run.
+variables (model weights and optimizer state, written with Orbax: each
+process its own shards, while training goes on) and the run state
+(`state.json`: step, chunk, the settings that must not change, the size and
+sha256 of every file). Each is written under a temporary name and renamed in
+one atomic step once every process has written its part; older ones are
+pruned only after that (the last `KEEP_CHECKPOINTS` are kept). Training
+data is a pure function of the seed and the global step, so a run killed at
+any point and rerun with the same settings resumes from the newest complete
+checkpoint, reads nothing it already read, and ends with the same weights, to
+the bit, as an uninterrupted run.
 
 A run stops at the first non-finite training loss (`NonFiniteLossError`) and
 never writes a checkpoint, preset or summary from non-finite weights; a
@@ -57,6 +59,7 @@ The modules, in the order a run uses them:
 | `config` | `RunConfig`, process layout, `run_scope`, compilation cache |
 | `data` | tokenizer sample and training, `RunData`, `load_data` |
 | `logs` | `log.csv` rows (`write_log_row`, `trim_log`), `plot_log` |
+| `checkpoint_store` | Orbax: the variables written and read, `state.json` |
 | `checkpoints` | checkpoint directories: save, read, list, resume |
 | `training` | optimizer, models, `train_chunk` and its non-finite stop |
 | `validation` | the final calibration and held-out validation |
@@ -94,6 +97,7 @@ from keras_mhf.pretraining.checkpoints import KEEP_CHECKPOINTS
 from keras_mhf.pretraining.checkpoints import STATE_FILE
 from keras_mhf.pretraining.checkpoints import WEIGHTS_FILE
 from keras_mhf.pretraining.checkpoints import checkpoint_directory
+from keras_mhf.pretraining.checkpoints import close_checkpoints
 from keras_mhf.pretraining.checkpoints import latest_checkpoint
 from keras_mhf.pretraining.checkpoints import list_checkpoints
 from keras_mhf.pretraining.checkpoints import read_checkpoint
@@ -101,6 +105,7 @@ from keras_mhf.pretraining.checkpoints import record_run
 from keras_mhf.pretraining.checkpoints import resume
 from keras_mhf.pretraining.checkpoints import run_settings
 from keras_mhf.pretraining.checkpoints import save_checkpoint
+from keras_mhf.pretraining.checkpoints import wait_for_checkpoints
 from keras_mhf.pretraining.config import DISTRIBUTIONS
 from keras_mhf.pretraining.config import MODELS
 from keras_mhf.pretraining.config import SIGNATURE_RULES

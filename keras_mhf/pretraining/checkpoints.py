@@ -1,15 +1,17 @@
-"""Checkpoints of a pre-training run: atomic directories
-`OUTPUT/checkpoints/step_NNNNNN/` holding the weights (model and optimizer
-state, `model.weights.h5`) and the run state (`state.json`: step, chunk, the
-settings that must not change, the weights' size and sha256).
+"""Checkpoints of a pre-training run: directories
+`OUTPUT/checkpoints/step_NNNNNN/` holding the variables (model weights and
+optimizer state, written with Orbax by `checkpoint_store`, each process its
+own shards) and the run state (`state.json`: step, chunk, the settings that
+must not change, and the size and sha256 of every file of the checkpoint).
 
-Each is written under a temporary name, flushed to disk and renamed in one
-atomic step; older ones are pruned only after that (the last
-`KEEP_CHECKPOINTS` are kept). `resume` loads the newest complete one;
-nothing non-finite is ever written (`check_finite`).
+A checkpoint is written asynchronously (training goes on while it is
+written) under a temporary name and renamed in one atomic step once
+complete; Orbax keeps the last `KEEP_CHECKPOINTS`. `resume` loads the newest
+complete one after checking its files; nothing non-finite is ever written
+(`check_finite`). Checkpoints of keras_mhf 0.1 (`model.weights.h5`, format
+version 1) are still read.
 """
 
-import gc
 import math
 import os
 import re
@@ -19,36 +21,31 @@ import warnings
 import keras
 import numpy as np
 
-from keras_mhf.models.lora import lora_layers
-from keras_mhf.models.lora import unmerged_lora
+from keras_mhf.pretraining import checkpoint_store
+from keras_mhf.pretraining.checkpoint_store import STATE_FILE
+from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
+from keras_mhf.pretraining.checkpoint_store import CheckpointWriter
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
-from keras_mhf.pretraining.config import writing_alone
 from keras_mhf.pretraining.errors import CheckpointError
 from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.errors import NonFiniteWeightsError
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.logs import trim_log
-from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
 from keras_mhf.utils.disk_space import directory_bytes
-from keras_mhf.utils.disk_space import is_disk_full
 from keras_mhf.utils.files import check_format
-from keras_mhf.utils.files import file_sha256
-from keras_mhf.utils.files import fsync_directory
-from keras_mhf.utils.files import fsync_file
 from keras_mhf.utils.files import read_json
 from keras_mhf.utils.files import write_json
 
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_FORMAT = "keras_mhf.pretraining_checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+# Checkpoints of keras_mhf 0.1 (format version 1, still resumed): the
+# weights in `model.weights.h5`, a LoRA run's adapters beside them.
 WEIGHTS_FILE = "model.weights.h5"
-# A LoRA run's adapters (KerasHub's `save_lora_weights`); its weights file
-# then holds the frozen base kernels, not the merged ones.
 LORA_FILE = "model.lora.h5"
-STATE_FILE = "state.json"
 KEEP_CHECKPOINTS = 2
 _CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 _TEMPORARY_PREFIX = ".tmp-"
@@ -191,11 +188,11 @@ def list_checkpoints(config):
 
 
 def read_checkpoint(directory):
-    """The run state of a checkpoint directory, after checking that its
-    weights file has the size and sha256 the state records.
+    """The run state of a checkpoint directory, after checking that every
+    file it records has its recorded size and sha256.
 
     Raises:
-        CheckpointError: unreadable state, or weights that are missing,
+        CheckpointError: unreadable state, or files that are missing,
             truncated or damaged.
 
     Example:
@@ -212,36 +209,24 @@ def read_checkpoint(directory):
     check_format(
         state,
         CHECKPOINT_FORMAT,
-        CHECKPOINT_VERSION,
+        (1, CHECKPOINT_VERSION),
         lambda: CheckpointError(f"its {STATE_FILE} is not a checkpoint state"),
         lambda found: CheckpointError(
-            f"it has format version {found!r}, this keras_mhf reads "
+            f"it has format version {found!r}, this keras_mhf reads 1 and "
             f"{CHECKPOINT_VERSION}"
         ),
     )
-    weights = os.path.join(directory, state["weights"]["file"])
-    if not os.path.isfile(weights):
-        raise CheckpointError(f"{weights} is missing")
-    size = os.path.getsize(weights)
-    if size != state["weights"]["bytes"]:
-        raise CheckpointError(
-            f"{weights} has {size} bytes, the state records "
-            f"{state['weights']['bytes']} (truncated or damaged)"
-        )
-    if file_sha256(weights) != state["weights"]["sha256"]:
-        raise CheckpointError(
-            f"{weights} does not match the sha256 its state records (damaged)"
-        )
-    if state.get("lora") is not None:
-        lora = os.path.join(directory, state["lora"]["file"])
-        if not os.path.isfile(lora) or (
-            os.path.getsize(lora) != state["lora"]["bytes"]
-            or file_sha256(lora) != state["lora"]["sha256"]
-        ):
-            raise CheckpointError(
-                f"{lora} is missing or does not match the size and sha256 "
-                "its state records (damaged)"
-            )
+    if state["format_version"] == 1:
+        files = {
+            state[k]["file"]: state[k]
+            for k in ("weights", "lora")
+            if state.get(k) is not None
+        }
+    else:
+        files = state["files"]
+    problem = checkpoint_store.check_manifest(directory, files)
+    if problem is not None:
+        raise CheckpointError(problem)
     return state
 
 
@@ -263,6 +248,7 @@ def latest_checkpoint(config):
     step = found[1]["step"] if found else 0
     ```
     """
+    wait_for_checkpoints(config)
     unusable = []
     for step, directory in list_checkpoints(config):
         try:
@@ -293,12 +279,13 @@ def latest_checkpoint(config):
 
 
 def _remove_stale(config):
-    """Removes temporary checkpoint directories that a killed run left."""
+    """Removes temporary checkpoint directories that a killed run left
+    (Orbax's, and 0.1's `.tmp-*`)."""
     root = config.path(CHECKPOINTS)
     if not os.path.isdir(root) or not is_primary():
         return
     for name in os.listdir(root):
-        if name.startswith(_TEMPORARY_PREFIX):
+        if name.startswith(_TEMPORARY_PREFIX) or TEMPORARY_MARK in name:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
@@ -364,15 +351,28 @@ def resume(config, lm, data):
             stacklevel=2,
         )
     lm.optimizer.build(lm.trainable_variables)
-    lm.load_weights(os.path.join(directory, state["weights"]["file"]))
-    if state.get("lora") is not None:  # load_weights zeroed the adapters
-        lm.backbone.load_lora_weights(
-            os.path.join(directory, state["lora"]["file"])
-        )
+    _load(directory, state, lm)
     trim_log(config, state["step"])
     if config.verbose:
         print(f"Resuming from step {state['step']} ({directory}).")
     return state["step"]
+
+
+def _load(directory, state, lm):
+    """Loads a checkpoint's variables into `lm` (its optimizer built)."""
+    if state["format_version"] == 1:  # keras_mhf 0.1: Keras' h5 files
+        lm.load_weights(os.path.join(directory, state["weights"]["file"]))
+        if state.get("lora") is not None:  # load_weights zeroed them
+            lm.backbone.load_lora_weights(
+                os.path.join(directory, state["lora"]["file"])
+            )
+        return
+    try:
+        checkpoint_store.restore_variables(directory, lm)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{directory} cannot be loaded into this model: {error}"
+        ) from error
 
 
 def _check_same_step_everywhere(step):
@@ -395,16 +395,25 @@ def _check_same_step_everywhere(step):
 
 
 def _non_finite_variables(lm):
-    """Paths of model and optimizer variables holding NaN or infinity."""
+    """Paths of model and optimizer variables holding NaN or infinity,
+    checked where the variables live (one small result per variable comes
+    back to the host; a sharded variable is checked shard by shard)."""
     variables = list(lm.weights)
     if lm.optimizer is not None:
         variables += list(lm.optimizer.variables)
-    bad = []
-    for variable in variables:
-        value = np.asarray(keras.ops.convert_to_numpy(variable.value))
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            bad.append(variable.path)
-    return bad
+    checked = [
+        v
+        for v in variables
+        if "float" in keras.backend.standardize_dtype(v.dtype)
+    ]
+    if not checked:
+        return []
+    finite = keras.ops.convert_to_numpy(
+        keras.ops.stack(
+            [keras.ops.all(keras.ops.isfinite(v.value)) for v in checked]
+        )
+    )
+    return [v.path for v, ok in zip(checked, np.asarray(finite)) if not ok]
 
 
 def non_finite_stop(config, error_class, message, step):
@@ -457,29 +466,106 @@ def _kept_message(kept):
     )
 
 
+# The writer of each output directory in this process (`checkpoint_writer`).
+_WRITERS = {}
+
+
+def checkpoint_writer(config):
+    """The `checkpoint_store.CheckpointWriter` of `config.output_dir` (made
+    on first use, kept until `close_checkpoints`).
+
+    Example:
+
+    ```python
+    checkpoint_writer(config).wait()
+    ```
+    """
+    key = os.path.abspath(config.output_dir)
+    if key not in _WRITERS:
+        root = config.path(CHECKPOINTS)
+        if is_primary():
+            os.makedirs(root, exist_ok=True)
+        _WRITERS[key] = CheckpointWriter(root, KEEP_CHECKPOINTS)
+    return _WRITERS[key]
+
+
+def wait_for_checkpoints(config):
+    """Waits until the checkpoint being written (if any) is committed.
+
+    Raises:
+        DiskFullError: the disk filled up during the write; its temporary
+            directory is removed and the message names the last complete
+            checkpoint.
+
+    Example:
+
+    ```python
+    wait_for_checkpoints(config)  # then list_checkpoints(config) is final
+    ```
+    """
+    writer = _WRITERS.get(os.path.abspath(config.output_dir))
+    if writer is None:
+        return
+    step = writer.pending_step
+    try:
+        writer.wait()
+    except Exception as error:  # Orbax re-raises the writing thread's error
+        if "No space left on device" not in str(error):
+            raise
+        close_checkpoints(config, wait=False)
+        _remove_stale(config)
+        raise DiskFullError(
+            f"no space left on device while writing checkpoint "
+            f"step_{step:06d} in {config.path(CHECKPOINTS)} "
+            f"({str(error).splitlines()[0][:120]}); the temporary directory "
+            "was removed. " + _resume_advice(config)
+        ) from None
+
+
+def close_checkpoints(config, wait=True):
+    """Waits for the checkpoint being written (unless `wait=False`) and
+    releases the output's writer.
+
+    Example:
+
+    ```python
+    close_checkpoints(config)  # at the end of a run
+    ```
+    """
+    key = os.path.abspath(config.output_dir)
+    try:
+        if wait:
+            wait_for_checkpoints(config)
+    finally:
+        writer = _WRITERS.pop(key, None)
+        if writer is not None:
+            writer.close(wait=False)
+
+
 def save_checkpoint(
     config, lm, data, step, train_loss=None, validation_loss=None
 ):
-    """Step "checkpoint": writes weights (model and optimizer state) and the
-    run state as one directory, atomically, then prunes older checkpoints
-    (the last `KEEP_CHECKPOINTS` are kept). Only process 0 writes.
+    """Step "checkpoint": starts writing the variables (model weights and
+    optimizer state) and the run state as the checkpoint
+    `checkpoints/step_NNNNNN/`, and returns while it is written (see
+    `checkpoint_store`; `wait_for_checkpoints` waits). Older checkpoints
+    are pruned once it is committed (the last `KEEP_CHECKPOINTS` stay).
 
     Only a good checkpoint is written: finite weights and optimizer state,
     and (when given) a finite validation loss, so that the checkpoint a
-    stopped run keeps can always be resumed. The directory is written as
-    `checkpoints/.tmp-step_NNNNNN-PID/` (`model.weights.h5`, then
-    `state.json` with the weights' size and sha256), flushed to disk, and
-    renamed `checkpoints/step_NNNNNN/`. Before writing, the free space is
-    checked against the size of the last checkpoint (or, for the first, of
-    the variables).
+    stopped run keeps can always be resumed. Every process calls it (each
+    writes its own shards). Before writing, the free space is checked
+    against the size of the last checkpoint (or, for the first, of the
+    variables).
 
     Raises:
         NonFiniteWeightsError: a weight is NaN or infinite (nothing is
             written).
         NonFiniteLossError: `validation_loss` is NaN or infinite (nothing is
             written).
-        DiskFullError: the file system is (or would be) full; the
-            temporary directory is removed and older checkpoints are kept.
+        DiskFullError: the file system is (or would be) full, or it filled
+            up while the previous checkpoint was written; temporary
+            directories are removed and older checkpoints are kept.
 
     Returns:
         The checkpoint directory.
@@ -500,88 +586,16 @@ def save_checkpoint(
             f"({train_loss}); no checkpoint was written from these weights.",
             step,
         )
+    writer = checkpoint_writer(config)
+    wait_for_checkpoints(config)
     final = checkpoint_directory(config, step)
-    if not is_primary():
-        return final
-    root = config.path(CHECKPOINTS)
-    os.makedirs(root, exist_ok=True)
-    name = os.path.basename(final)
-    temporary = os.path.join(root, f"{_TEMPORARY_PREFIX}{name}-{os.getpid()}")
-    if os.path.exists(temporary):
-        shutil.rmtree(temporary)
-    check_free_space(
-        root,
-        _checkpoint_estimate(config, lm),
-        f"checkpoint {name}",
-        _resume_advice(config),
-    )
-    problem = None
-    try:
-        _write_checkpoint(
-            config, lm, data, step, train_loss, validation_loss, temporary
+    if is_primary():
+        check_free_space(
+            config.path(CHECKPOINTS),
+            _checkpoint_estimate(config, lm),
+            f"checkpoint {os.path.basename(final)}",
+            _resume_advice(config),
         )
-    except OSError as error:
-        if not is_disk_full(error):
-            raise
-        problem = str(error).splitlines()[0]
-    if problem is not None:
-        _discard_failed_write(temporary)
-        raise DiskFullError(
-            f"no space left on device while writing checkpoint {name} in "
-            f"{root} ({problem[:120]}); the temporary directory was removed. "
-            + _resume_advice(config)
-        )
-    if os.path.exists(final):  # only an unusable leftover can be there
-        shutil.rmtree(final)
-    os.replace(temporary, final)
-    fsync_directory(root)
-    hooks.event("checkpoint_renamed", path=final)
-    for _, old in list_checkpoints(config)[KEEP_CHECKPOINTS:]:
-        doomed = os.path.join(
-            root, f"{_TEMPORARY_PREFIX}prune-{os.path.basename(old)}"
-        )
-        os.replace(old, doomed)  # atomic: never seen half deleted
-        shutil.rmtree(doomed)
-    return final
-
-
-def _discard_failed_write(directory):
-    """Removes the directory of a write that failed for lack of space.
-
-    HDF5 keeps a file whose close failed open, and closes it again at
-    interpreter exit, where the process crashes if the write still fails:
-    the files are emptied first (which frees their space), so that the
-    pending close, run here by the garbage collector, succeeds.
-    """
-    for root, _, names in os.walk(directory):
-        for name in names:
-            try:
-                os.truncate(os.path.join(root, name), 0)
-            except OSError:
-                pass
-    gc.collect()
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def _write_checkpoint(
-    config, lm, data, step, train_loss, validation_loss, temporary
-):
-    """The files of a checkpoint, in its temporary directory, flushed."""
-    os.makedirs(temporary)
-    weights = os.path.join(temporary, WEIGHTS_FILE)
-    lora = None
-    with writing_alone():
-        # Keras saves LoRA kernels merged and zeroes the adapters on load:
-        # a LoRA run saves the base kernels and the adapters beside them.
-        with unmerged_lora(lm):
-            lm.save_weights(weights)
-        if lora_layers(lm):
-            lora = os.path.join(temporary, LORA_FILE)
-            lm.backbone.save_lora_weights(lora)
-    hooks.event("weights_written", path=weights)
-    fsync_file(weights)
-    if lora is not None:
-        fsync_file(lora)
     state = {
         "format": CHECKPOINT_FORMAT,
         "format_version": CHECKPOINT_VERSION,
@@ -594,21 +608,9 @@ def _write_checkpoint(
         ),
         "settings": run_settings(config, data),
         "optimizer": _optimizer_settings(config),
-        "weights": {
-            "file": WEIGHTS_FILE,
-            "bytes": os.path.getsize(weights),
-            "sha256": file_sha256(weights),
-        },
     }
-    if lora is not None:
-        state["lora"] = {
-            "file": LORA_FILE,
-            "bytes": os.path.getsize(lora),
-            "sha256": file_sha256(lora),
-        }
-    write_json(os.path.join(temporary, STATE_FILE), state)
-    fsync_directory(temporary)
-    hooks.event("checkpoint_complete", path=temporary)
+    writer.save(step, lm, state)
+    return final
 
 
 def variable_bytes(lm, optimizer=True):

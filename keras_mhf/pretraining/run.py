@@ -14,6 +14,7 @@ import warnings
 
 from keras_mhf.pretraining import training
 from keras_mhf.pretraining.checkpoints import check_finite
+from keras_mhf.pretraining.checkpoints import close_checkpoints
 from keras_mhf.pretraining.checkpoints import list_checkpoints
 from keras_mhf.pretraining.checkpoints import record_run
 from keras_mhf.pretraining.checkpoints import resume
@@ -337,39 +338,55 @@ def _remove_new_entries(directory, existing):
                 os.remove(path)
 
 
+def _train(config):
+    """Steps "data" to "checkpoint" (see the package docstring): `(lm,
+    the run's data, the step reached)`."""
+    run_data = load_data(config)
+    if is_primary():
+        os.makedirs(config.output_dir, exist_ok=True)
+    record_run(config, run_data)
+    lm = training.build_run_model(config, run_data.tokenizer)
+    step = resume(config, lm, run_data)
+    validate_initial_model(config, lm, run_data, step)  # a preset's
+    started = time.time()
+    chunks = 0
+    while step < config.steps:
+        try:
+            hooks.event("chunk_start", step=step, chunks=chunks)
+        except hooks.Stop:
+            break
+        last = min(
+            config.steps,
+            (step // config.checkpoint_every + 1) * config.checkpoint_every,
+        )
+        # Looked up at call time: a test replaces it to poison a chunk.
+        history = training.train_chunk(config, lm, run_data, step, last)
+        row = write_log_row(config, lm, run_data, history, last, started)
+        save_checkpoint(
+            config,
+            lm,
+            run_data,
+            last,
+            history.history["loss"][-1],
+            validation_loss=row["val_loss"],
+        )
+        step, chunks = last, chunks + 1
+    return lm, run_data, step
+
+
 def _run(config):
     """The steps of `pretrain` (see the package docstring), under the
     output's lock; returns `(lm, summary)`."""
     with run_scope(config):
-        run_data = load_data(config)
-        if is_primary():
-            os.makedirs(config.output_dir, exist_ok=True)
-        record_run(config, run_data)
-        lm = training.build_run_model(config, run_data.tokenizer)
-        step = resume(config, lm, run_data)
-        validate_initial_model(config, lm, run_data, step)  # a preset's
-        started = time.time()
-        chunks = 0
-        while step < config.steps:
-            try:
-                hooks.event("chunk_start", step=step, chunks=chunks)
-            except hooks.Stop:
-                break
-            last = min(
-                config.steps,
-                (step // config.checkpoint_every + 1) * config.checkpoint_every,
-            )
-            # Looked up at call time: a test replaces it to poison a chunk.
-            history = training.train_chunk(config, lm, run_data, step, last)
-            row = write_log_row(config, lm, run_data, history, last, started)
-            save_checkpoint(
-                config,
-                lm,
-                run_data,
-                last,
-                history.history["loss"][-1],
-                validation_loss=row["val_loss"],
-            )
-            step, chunks = last, chunks + 1
+        try:
+            lm, run_data, step = _train(config)
+            # Every checkpoint is committed before the final steps.
+            close_checkpoints(config)
+        except BaseException:
+            # The checkpoint being written is a good one: it is committed
+            # (the summary names it) before the error goes on.
+            with contextlib.suppress(Exception):
+                close_checkpoints(config)
+            raise
         summary = finish(config, lm, run_data, step)
     return lm, summary

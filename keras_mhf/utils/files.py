@@ -105,7 +105,8 @@ def check_format(record, name, version, not_this_format, other_version):
     """Checks a JSON record (`read_json`'s value) that names its format and
     version: raises `not_this_format()` unless it is a dict whose `"format"`
     is `name`, and `other_version(found)` unless its `"format_version"` is
-    `version`; each callable returns the exception to raise.
+    `version` (or one of a tuple of versions); each callable returns the
+    exception to raise.
 
     Example:
 
@@ -122,5 +123,5 @@ def check_format(record, name, version, not_this_format, other_version):
     if not isinstance(record, dict) or record.get("format") != name:
         raise not_this_format()
     found = record.get("format_version")
-    if found != version:
+    if found not in (version if isinstance(version, tuple) else (version,)):
         raise other_version(found)

@@ -15,7 +15,6 @@ from keras_mhf.data import validation_windows
 from keras_mhf.evaluation import paper_rule
 from keras_mhf.evaluation import perplexity
 from keras_mhf.models import MultiHashFormerCausalLM
-from keras_mhf.pretraining import WEIGHTS_FILE
 from keras_mhf.pretraining import RunConfig
 from keras_mhf.pretraining import RunConfigError
 from keras_mhf.pretraining import data as run_data
@@ -24,13 +23,13 @@ from keras_mhf.pretraining import tokenizer_training_sample
 from tests.pretraining_helpers import CALIBRATED_RUN
 from tests.pretraining_helpers import RUN
 from tests.pretraining_helpers import assert_same_state
+from tests.pretraining_helpers import checkpoint_variables
 from tests.pretraining_helpers import compilation_cache
 from tests.pretraining_helpers import prepared_corpus
 from tests.pretraining_helpers import reference_run
 from tests.pretraining_helpers import run_flags
 from tests.pretraining_helpers import state_of
 from tests.pretraining_helpers import stop_after_chunks
-from tests.pretraining_helpers import weights_in
 from tests.pretraining_helpers import write_documents
 from tests.pretraining_helpers import write_tokenizer
 
@@ -163,8 +162,8 @@ def test_no_calibrate_keeps_the_paper_rule_and_training_is_the_same(
         )
 
     def final_weights(run):
-        return weights_in(
-            os.path.join(run, "checkpoints", "step_000004", WEIGHTS_FILE)
+        return checkpoint_variables(
+            os.path.join(run, "checkpoints", "step_000004")
         )
 
     weights, expected = final_weights(output), final_weights(calibrated)

@@ -1,8 +1,7 @@
-"""Training faults: a run killed at every point of a checkpoint write
-(in-process hooks and a real SIGKILL), damaged checkpoints, checkpoints of
-other settings, and a diverging loss. Every resumed run must end with the
-uninterrupted run's weights, to the bit; nothing non-finite or partial may
-ever be loaded or written."""
+"""Training faults: a run SIGKILLed at every point of a checkpoint write,
+damaged checkpoints, checkpoints of other settings, and a diverging loss.
+Every resumed run must end with the uninterrupted run's weights, to the
+bit; nothing non-finite or partial may ever be loaded or written."""
 
 import json
 import os
@@ -13,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 
-import h5py
 import keras
 import numpy as np
 import pytest
@@ -22,12 +20,13 @@ from keras_mhf.pretraining import CheckpointError
 from keras_mhf.pretraining import NonFiniteTrainingError
 from keras_mhf.pretraining import NonFiniteWeightsError
 from keras_mhf.pretraining import RunConfigError
-from keras_mhf.pretraining import hooks
 from keras_mhf.pretraining import pretrain
 from keras_mhf.pretraining import training
+from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
 from tests.conftest import REPO
 from tests.pretraining_helpers import RUN
 from tests.pretraining_helpers import assert_same_state
+from tests.pretraining_helpers import checkpoint_variables
 from tests.pretraining_helpers import compilation_cache
 from tests.pretraining_helpers import compilation_cache_env
 from tests.pretraining_helpers import prepared_corpus
@@ -65,10 +64,6 @@ def reference(tmp_path_factory):
     return reference_run(str(tmp_path_factory.getbasetemp()))
 
 
-class Killed(BaseException):
-    """Stands for the process dying: nothing in the run may catch it."""
-
-
 def checkpoints(output):
     root = os.path.join(output, "checkpoints")
     return sorted(os.listdir(root)) if os.path.isdir(root) else []
@@ -98,8 +93,10 @@ import os, signal, sys
 from keras_mhf import pretraining
 from keras_mhf.pretraining import hooks
 
+event, step = sys.argv[3], "step_%06d" % int(sys.argv[4])
+
 def kill(name, path=None, **info):
-    if name == "weights_written" and "step_000002" in str(path):
+    if name == event and step in str(path):
         os.kill(os.getpid(), signal.SIGKILL)  # no cleanup of any kind
 
 hooks.event = kill
@@ -107,74 +104,38 @@ pretraining.pretrain(sys.argv[1], sys.argv[2], **{run})
 raise SystemExit("the run was not killed")
 """
 
-
-def killing_at(event, step, cut_short=False):
-    """A `hooks.event` hook that kills the run (raises `Killed`) at `event`
-    of the checkpoint of `step`, first cutting the weights file short when
-    `cut_short` (a kill in the middle of writing it). Its `calls` lists the
-    events it saw, so a test can check that the run still calls it."""
-
-    def kill(name, path=None, **info):
-        kill.calls.append(name)
-        if name == event and f"step_{step:06d}" in str(path):
-            if cut_short:
-                truncate(path)
-            raise Killed(f"{event} at step {step}")
-
-    kill.calls = []
-    return kill
+# Where a run is killed: while Orbax writes step 2 in the background (the
+# main thread has gone on), once step 3's directory is complete but before
+# its rename (in Orbax's thread), and after step 3's commit.
+KILLS = (
+    ("checkpoint_started", 2, ["step_000001"]),
+    ("checkpoint_complete", 3, ["step_000001", "step_000002"]),
+    ("checkpoint_committed", 3, ["step_000002", "step_000003"]),
+)
 
 
 def test_a_run_killed_at_every_point_of_a_checkpoint_write_resumes_exactly(
-    tmp_path, corpus, reference, env, monkeypatch
+    tmp_path, corpus, reference, env
 ):
-    """One run, killed again and again, each time at another point of a
-    checkpoint write, and resumed each time: the first kill is a real
-    SIGKILL of a subprocess, the others come from the `hooks.event` hook. It
-    must end with the uninterrupted run's weights and optimizer state."""
+    """One run, SIGKILLed again and again, each time at another point of a
+    checkpoint write, and resumed each time. It must end with the
+    uninterrupted run's weights and optimizer state."""
     output = str(tmp_path / "run")
     script = textwrap.dedent(KILLED_CHILD).replace("{run}", repr(RUN))
-    done = subprocess.run(
-        [sys.executable, "-c", script, corpus[0], output],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=str(REPO),
-        env=env,
-    )
-    # Only the hook kills the child (it exits 1 if the run ends unkilled).
-    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
-
-    def temporary_and(*complete):
+    for event, step, complete in KILLS:
+        done = subprocess.run(
+            [sys.executable, "-c", script, corpus[0], output, event, str(step)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=str(REPO),
+            env=env,
+        )
+        # Only the hook kills the child (it exits 1 if the run ends unkilled).
+        assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
         names = checkpoints(output)
-        assert len(names) == len(complete) + 1, names
-        assert names[0].startswith(".tmp-step_")
-        assert names[1:] == [f"step_{s:06d}" for s in complete]
-
-    # SIGKILL between the weights and the state of step 2.
-    temporary_and(1)
-    # Killed in the middle of writing the weights of step 2, again.
-    kill = killing_at("weights_written", 2, True)
-    monkeypatch.setattr(hooks, "event", kill)
-    with pytest.raises(Killed):
-        pretrain(corpus[0], output, **RUN)
-    assert kill.calls[-1] == "weights_written"  # the run called the hook
-    temporary_and(1)
-    # Killed once step 3's directory is complete, before its rename.
-    kill = killing_at("checkpoint_complete", 3)
-    monkeypatch.setattr(hooks, "event", kill)
-    with pytest.raises(Killed):
-        pretrain(corpus[0], output, **RUN)
-    assert kill.calls[-1] == "checkpoint_complete"
-    temporary_and(1, 2)
-    # Killed after the rename of step 3, before older ones are pruned.
-    kill = killing_at("checkpoint_renamed", 3)
-    monkeypatch.setattr(hooks, "event", kill)
-    with pytest.raises(Killed):
-        pretrain(corpus[0], output, **RUN)
-    assert kill.calls[-1] == "checkpoint_renamed"
-    assert checkpoints(output) == ["step_000001", "step_000002", "step_000003"]
-    monkeypatch.undo()
+        # What the kill left half-written is only ever a temporary directory.
+        assert [n for n in names if TEMPORARY_MARK not in n] == complete, names
     lm, summary = pretrain(corpus[0], output, **RUN)
     assert summary["finished"]
     assert_same_state(state_of(lm), reference[0])
@@ -191,6 +152,16 @@ def flip_a_byte(path):
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def largest_file(directory):
+    """The largest file of a checkpoint: one holding variables' values."""
+    files = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(directory)
+        for name in names
+    ]
+    return max(files, key=os.path.getsize)
+
+
 def test_damaged_newer_checkpoints_fall_back_to_the_last_good_one(
     tmp_path, corpus, reference
 ):
@@ -198,8 +169,8 @@ def test_damaged_newer_checkpoints_fall_back_to_the_last_good_one(
     step_3, step_4 = (
         os.path.join(output, "checkpoints", f"step_00000{s}") for s in (3, 4)
     )
-    truncate(os.path.join(step_4, "model.weights.h5"))
-    flip_a_byte(os.path.join(step_3, "model.weights.h5"))  # same size
+    truncate(largest_file(step_4))
+    flip_a_byte(largest_file(step_3))  # same size
     with pytest.warns(UserWarning) as warned:
         lm, summary = pretrain(corpus[0], output, **RUN)
     messages = [str(w.message) for w in warned]
@@ -221,9 +192,7 @@ def test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start(
     tmp_path, corpus, reference
 ):
     output = copy_run(reference, tmp_path / "run", keep_steps=(3, 4))
-    truncate(
-        os.path.join(output, "checkpoints", "step_000004", "model.weights.h5")
-    )
+    truncate(largest_file(os.path.join(output, "checkpoints", "step_000004")))
     os.remove(os.path.join(output, "checkpoints", "step_000003", "state.json"))
     with pytest.warns(UserWarning):
         with pytest.raises(CheckpointError, match="none can be loaded"):
@@ -272,18 +241,11 @@ def test_a_checkpoint_of_other_data_is_refused(tmp_path, corpus, reference):
         pretrain(other, output, **RUN)
 
 
-def finite_everywhere(weights_file):
-    values = []
-    with h5py.File(weights_file, "r") as f:
-        f.visititems(
-            lambda name, item: (
-                values.append(item[()])
-                if isinstance(item, h5py.Dataset)
-                else None
-            )
-        )
+def finite_everywhere(checkpoint):
     return all(
-        np.isfinite(v).all() for v in values if np.asarray(v).dtype.kind == "f"
+        np.isfinite(v).all()
+        for v in checkpoint_variables(checkpoint).values()
+        if v.dtype.kind == "f"
     )
 
 
@@ -343,9 +305,7 @@ def test_a_diverging_run_stops_keeps_its_last_finite_checkpoint_and_fails(
         assert match[7] == str(output / "checkpoints" / f"step_{kept_step:06d}")
         assert checkpoints(str(output))[-1] == f"step_{kept_step:06d}"
     for name in checkpoints(str(output)):
-        assert finite_everywhere(
-            output / "checkpoints" / name / "model.weights.h5"
-        )
+        assert finite_everywhere(output / "checkpoints" / name)
         with open(output / "checkpoints" / name / "state.json") as f:
             assert np.isfinite(json.load(f)["validation_loss"])
     assert not any(p.name.startswith("preset") for p in output.iterdir())
@@ -366,11 +326,12 @@ def test_a_resumed_run_never_replaces_a_good_checkpoint_with_a_bad_one(
     def contents():
         found = {}
         for name in checkpoints(output):
-            for file in os.listdir(os.path.join(output, "checkpoints", name)):
-                with open(
-                    os.path.join(output, "checkpoints", name, file), "rb"
-                ) as f:
-                    found[name, file] = f.read()
+            for root, _, files in os.walk(
+                os.path.join(output, "checkpoints", name)
+            ):
+                for file in files:
+                    with open(os.path.join(root, file), "rb") as f:
+                        found[root, file] = f.read()
         return found
 
     before = contents()
