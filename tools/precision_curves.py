@@ -2,9 +2,9 @@
 the quickstart corpus (Python's bundled documentation, as `keras-mhf
 quickstart` splits it) at `--precision float32`, `mixed_bfloat16` and
 `bfloat16`, on each backend, each in a fresh process; reports each bf16
-curve's largest and mean relative gap to float32's training loss (the
-first 20 steps, where the loss falls fastest, separately from the rest) and
-the final validation loss.
+curve's largest and mean relative gap to float32's per-step training loss
+(the first 20 steps, where the loss falls fastest, separately from the rest)
+and the final validation loss (paper's rule).
 
     python tools/precision_curves.py --out tools/results/precision_curves
     python tools/precision_curves.py --backends jax --steps 50   # quicker
@@ -64,12 +64,32 @@ def prepare(workdir):
     )
 
 
+def step_losses(record):
+    """Each step's own loss from Keras' running means `(batch, mean)` of
+    each `fit` call (a chunk): `k * mean_k - (k - 1) * mean_(k-1)`."""
+    losses, previous = [], 0.0
+    for batch, mean in record:
+        count = batch + 1
+        losses.append(count * mean - (count - 1) * previous if batch else mean)
+        previous = mean
+    return losses
+
+
 def train(workdir, precision, steps):
     """One run in this process; prints its losses as a RESULT line."""
     import keras
 
     from keras_mhf.pretraining import pretrain
+    from keras_mhf.pretraining import training
 
+    record = []
+    recorded = training.StopOnNonFiniteLoss.on_train_batch_end
+
+    def on_train_batch_end(self, batch, logs=None):
+        record.append((batch, float(np.asarray((logs or {})["loss"]))))
+        return recorded(self, batch, logs)
+
+    training.StopOnNonFiniteLoss.on_train_batch_end = on_train_batch_end
     output = os.path.join(workdir, f"{keras.config.backend()}_{precision}")
     _, summary = pretrain(
         os.path.join(workdir, "prepared"),
@@ -77,17 +97,14 @@ def train(workdir, precision, steps):
         tokenizer=os.path.join(workdir, "tokenizer.model"),
         precision=precision,
         steps=steps,
-        checkpoint_every=steps,
+        checkpoint_every=max(steps // 4, 1),
         **SETTINGS,
     )
-    with open(os.path.join(output, "log.csv")) as f:
-        header, *rows = [line.strip().split(",") for line in f if line.strip()]
-    column = header.index("train_loss")
     result = dict(
-        losses=[float(row[column]) for row in rows],
-        validation=summary["validation_paper_rule"]["loss"]
-        if "validation_paper_rule" in summary
-        else summary["validation"]["loss"],
+        losses=step_losses(record),
+        validation=summary.get("validation_paper_rule", summary["validation"])[
+            "loss"
+        ],
     )
     print("RESULT " + json.dumps(result), flush=True)
 
