@@ -16,6 +16,7 @@ run, so all runs read the same windows in the same order.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,6 +92,7 @@ def train(workdir, precision, steps):
 
     training.StopOnNonFiniteLoss.on_train_batch_end = on_train_batch_end
     output = os.path.join(workdir, f"{keras.config.backend()}_{precision}")
+    shutil.rmtree(output, ignore_errors=True)  # a fresh run, every step
     _, summary = pretrain(
         os.path.join(workdir, "prepared"),
         output,
