@@ -30,6 +30,7 @@ data --coordinator 10.0.0.1:1234 --num-processes N --process-id I`).
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +40,11 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROCESSES, SEQUENCE_LENGTH = 2, 16
+PROCESSES, DEVICES_PER_PROCESS, SEQUENCE_LENGTH = 2, 4, 16
+# Fully sharded data parallelism: the weights and the optimizer state are
+# split along the batch axis, which spans both processes.
+LAYOUT = "fsdp"
+KILL_STEP = 2
 SETTINGS = dict(
     architecture="tiny_h3b64",
     sequence_length=SEQUENCE_LENGTH,
@@ -131,24 +136,48 @@ def windows_read(prepared):
     )
 
 
-def train_and_save(prepared, output, out, distribution):
-    from keras import ops
+def host_value(variable):
+    """A variable's whole value in numpy (gathered from every process when
+    it is split across them; every process must call it)."""
+    import jax
+    from jax.experimental import multihost_utils
 
+    value = variable.value
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        value = multihost_utils.process_allgather(value, tiled=True)
+    return np.asarray(value)
+
+
+def local_bytes(variables):
+    """`(bytes of the shards this process holds, bytes of the variables)`,
+    counting each shard once (replicas on several local devices too)."""
+    local = total = 0
+    for variable in variables:
+        value = variable.value
+        total += value.size * value.dtype.itemsize
+        held = {
+            str(shard.index): shard.data.size * value.dtype.itemsize
+            for shard in value.addressable_shards
+        }
+        local += sum(held.values())
+    return local, total
+
+
+def train_and_save(prepared, output, out, distribution):
     from keras_mhf.pretraining import pretrain
 
     lm, summary = pretrain(
         prepared, output, distribution=distribution, **SETTINGS
     )
     variables = list(lm.weights) + list(lm.optimizer.variables)
+    local, total = local_bytes(variables)
     np.savez(
         out,
         windows=windows_read(prepared),
         validation=np.array(summary["validation"]["loss"]),
         finished=np.array(summary["finished"]),
-        **{
-            f"variable_{i}": np.asarray(ops.convert_to_numpy(v.value))
-            for i, v in enumerate(variables)
-        },
+        local_bytes=np.array([local, total]),
+        **{f"variable_{i}": host_value(v) for i, v in enumerate(variables)},
     )
 
 
@@ -175,58 +204,105 @@ def join(port, process_id):
         raise SystemExit(problem)
 
 
-def worker(process_id, port, workdir):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+def worker(process_id, port, workdir, job, kill):
+    """A process of a 2-process job writing `workdir/job`; `kill`
+    ("EVENT:STEP" or "none") SIGKILLs it at that checkpoint event."""
+    os.environ["XLA_FLAGS"] = (
+        f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
+    )
     join(port, process_id)
+    if os.environ.get("MULTIPROCESS_CHECK_TRACE"):  # where a hung job waits
+        import faulthandler
+
+        faulthandler.dump_traceback_later(
+            float(os.environ["MULTIPROCESS_CHECK_TRACE"]), exit=True
+        )
+    if kill != "none":
+        from keras_mhf.pretraining import hooks
+
+        event, step = kill.split(":")
+
+        def die(name, path=None, **info):
+            if name == event and f"step_{int(step):06d}" in str(path):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        hooks.event = die
     prepared = os.path.join(workdir, "prepared")
     wait_for(os.path.join(prepared, "index.json"))
     train_and_save(
         prepared,
-        os.path.join(workdir, "job"),
-        os.path.join(workdir, f"worker{process_id}.npz"),
-        "data",
+        os.path.join(workdir, job),
+        os.path.join(workdir, f"{job}{process_id}.npz"),
+        LAYOUT,
     )
 
 
-def single(workdir):
-    prepared = prepare(workdir)
+def single(workdir, output="single"):
+    """The reference: one process, one device (also a run moved there)."""
+    prepared = os.path.join(workdir, "prepared")
+    if output == "single":
+        prepare(workdir)
     train_and_save(
         prepared,
-        os.path.join(workdir, "single"),
-        os.path.join(workdir, "single.npz"),
+        os.path.join(workdir, output),
+        os.path.join(workdir, f"{output}.npz"),
         None,
     )
 
 
+def largest_difference(a, b):
+    names = [k for k in a.files if k.startswith("variable_")]
+    return max(float(np.abs(a[k] - b[k]).max()) for k in names)
+
+
 def compare(workdir):
     """Prints the checks; returns True when all hold."""
-    runs = [
-        np.load(os.path.join(workdir, f"{name}.npz"))
-        for name in ("worker0", "worker1", "single")
-    ]
-    names = [k for k in runs[0].files if k.startswith("variable_")]
+    run = {
+        name: np.load(os.path.join(workdir, f"{name}.npz"))
+        for name in ("job0", "job1", "single", "resumed0", "resumed1", "moved")
+    }
     batch, steps = SETTINGS["batch_size"], SETTINGS["steps"]
     local = batch // PROCESSES
-    union = np.concatenate([runs[0]["windows"], runs[1]["windows"]], 1)
-    same_windows = runs[0]["windows"].shape == (
+    union = np.concatenate([run["job0"]["windows"], run["job1"]["windows"]], 1)
+    same_windows = run["job0"]["windows"].shape == (
         steps,
         local,
         SEQUENCE_LENGTH + 1,
-    ) and np.array_equal(union, runs[2]["windows"])
-    disjoint = not np.array_equal(runs[0]["windows"], runs[1]["windows"])
-    between_workers = max(
-        float(np.abs(runs[0][k] - runs[1][k]).max()) for k in names
+    ) and np.array_equal(union, run["single"]["windows"])
+    disjoint = not np.array_equal(
+        run["job0"]["windows"], run["job1"]["windows"]
     )
-    vs_single = max(float(np.abs(runs[0][k] - runs[2][k]).max()) for k in names)
-    validation = [float(r["validation"]) for r in runs]
+    held = [run[f"job{i}"]["local_bytes"] for i in range(PROCESSES)]
+    between_workers = largest_difference(run["job0"], run["job1"])
+    vs_single = largest_difference(run["job0"], run["single"])
+    after_kill = max(
+        largest_difference(run[f"resumed{i}"], run[f"job{i}"])
+        for i in range(PROCESSES)
+    )
+    moved = largest_difference(run["moved"], run["single"])
+    validation = [
+        float(run[k]["validation"]) for k in ("job0", "job1", "single")
+    ]
     job = os.path.join(workdir, "job")
     checkpoints = sorted(os.listdir(os.path.join(job, "checkpoints")))
+    shards = sorted(
+        name
+        for name in os.listdir(
+            os.path.join(job, "checkpoints", checkpoints[-1], "variables")
+        )
+        if name.startswith("ocdbt.process_")
+    )
     with open(os.path.join(job, "log.csv")) as f:
         log_rows = len(f.read().splitlines()) - 1
     written_once = (
         checkpoints == ["step_000001", "step_000002"]
         and log_rows == steps
         and os.path.exists(os.path.join(job, "preset", "config.json"))
+    )
+    print(
+        f"layout: {LAYOUT!r}, {PROCESSES} processes x {DEVICES_PER_PROCESS} "
+        "devices; bytes of weights and optimizer state each process holds: "
+        + ", ".join(f"{h[0]:,} of {h[1]:,}" for h in held)
     )
     print(
         f"windows: each worker read {local} of the {batch} rows of each of "
@@ -243,47 +319,113 @@ def compare(workdir):
         + " (worker 0, worker 1, single)"
     )
     print(
-        f"files of the job: checkpoints {checkpoints}, {log_rows} log rows, "
-        f"preset written: {written_once}"
+        f"files of the job: checkpoints {checkpoints} (shards written by "
+        f"{shards}), {log_rows} log rows, preset written: {written_once}"
+    )
+    print(
+        "process 1 SIGKILLed while checkpoint 2 was written, the job "
+        f"restarted: max difference to the uninterrupted job = {after_kill:.3g}"
+    )
+    print(
+        f"the killed job's step-1 checkpoint ({PROCESSES * DEVICES_PER_PROCESS}"
+        " devices) resumed in one process on one device: max difference to "
+        f"the single process = {moved:.3g}"
     )
     return (
-        all(bool(r["finished"]) for r in runs)
+        all(bool(r["finished"]) for r in run.values())
         and same_windows
         and disjoint
+        and all(h[0] < 0.75 * h[1] for h in held)
         and between_workers == 0.0
         and vs_single < 1e-5
         and validation[0] == validation[1]
         and abs(validation[0] - validation[2]) < 1e-4
         and written_once
+        and shards == [f"ocdbt.process_{i}" for i in range(PROCESSES)]
+        and after_kill == 0.0
+        and moved < 1e-5
     )
 
 
-def main(workdir=None, timeout=240):
+def free_port():
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def launch(workdir, command):
+    return subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), *command, workdir],
+        env=dict(os.environ, KERAS_BACKEND="jax"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def job(workdir, name, kill="none"):
+    """The commands of the 2 processes of a job."""
+    port = str(free_port())
+    return [
+        ["worker", str(i), port, name, kill if i == 1 else "none"]
+        for i in range(PROCESSES)
+    ]
+
+
+def finish(procs, timeout):
+    """Waits for every process; `None` when all exited 0, else the failure."""
+    for command, proc in procs:
+        out = proc.communicate(timeout=timeout)[0]
+        if proc.returncode != 0:
+            return f"{' '.join(command[:2])} failed:\n{out[-3000:]}"
+    return None
+
+
+def killed_job(workdir, timeout):
+    """Process 1 dies (SIGKILL) while checkpoint 2 is written; the launcher
+    then stops process 0 too, as a job scheduler does before a restart."""
+    commands = job(workdir, "resumed", f"checkpoint_started:{KILL_STEP}")
+    procs = [(c, launch(workdir, c)) for c in commands]
+    procs[1][1].communicate(timeout=timeout)
+    if procs[1][1].returncode != -signal.SIGKILL:
+        return "process 1 was not killed"
+    procs[0][1].kill()
+    procs[0][1].communicate(timeout=timeout)
+    root = os.path.join(workdir, "resumed", "checkpoints")
+    complete = [n for n in sorted(os.listdir(root)) if n.startswith("step_")]
+    complete = [n for n in complete if "orbax" not in n]
+    if complete != [f"step_{KILL_STEP - 1:06d}"]:
+        return f"after the kill the checkpoints are {complete}"
+    # The same checkpoint, moved to a single process of one device.
+    shutil.copytree(
+        os.path.join(workdir, "resumed"),
+        os.path.join(workdir, "moved"),
+        ignore=shutil.ignore_patterns("*.lock"),
+    )
+    return None
+
+
+def main(workdir=None, timeout=300):
     own = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="multiprocess_check_")
     try:
-        env = dict(os.environ, KERAS_BACKEND="jax")
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            port = s.getsockname()[1]
-        me = os.path.abspath(__file__)
-        commands = [["single", workdir]] + [
-            ["worker", str(i), str(port), workdir] for i in range(PROCESSES)
+        phases = [
+            lambda: [["single"]] + job(workdir, "job"),
+            lambda: killed_job(workdir, timeout),
+            lambda: job(workdir, "resumed") + [["single", "moved"]],
         ]
-        procs = [
-            subprocess.Popen(
-                [sys.executable, me] + command,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
+        for phase in phases:
+            commands = phase()
+            if isinstance(commands, str):
+                print(commands)
+                return 1
+            if commands is None:
+                continue
+            problem = finish(
+                [(c, launch(workdir, c)) for c in commands], timeout
             )
-            for command in commands
-        ]
-        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
-        for command, p, out in zip(commands, procs, outputs):
-            if p.returncode != 0:
-                print(f"{' '.join(command[:2])} failed:\n{out[-3000:]}")
+            if problem:
+                print(problem)
                 return 1
         ok = compare(workdir)
         print("OK" if ok else "MISMATCH")
@@ -295,8 +437,8 @@ def main(workdir=None, timeout=240):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        worker(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        worker(int(sys.argv[2]), sys.argv[3], sys.argv[6], *sys.argv[4:6])
     elif len(sys.argv) > 1 and sys.argv[1] == "single":
-        single(sys.argv[2])
+        single(sys.argv[-1], *sys.argv[2:-1])
     else:
         sys.exit(main())

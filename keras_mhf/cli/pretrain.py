@@ -124,9 +124,11 @@ def add_scaling_options(p):
     )
     p.add_argument(
         "--distribution",
-        choices=["data", "model"],
+        choices=["data", "model", "fsdp"],
         default=None,
-        help="train over all devices (JAX backend only)",
+        help="train over all devices (JAX backend only): data parallel, "
+        "model parallel, or fully sharded data parallel (weights and "
+        "optimizer state split along the batch axis, across hosts too)",
     )
     p.add_argument(
         "--mesh",

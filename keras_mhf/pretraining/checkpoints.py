@@ -408,12 +408,29 @@ def _non_finite_variables(lm):
     ]
     if not checked:
         return []
-    finite = keras.ops.convert_to_numpy(
-        keras.ops.stack(
-            [keras.ops.all(keras.ops.isfinite(v.value)) for v in checked]
-        )
-    )
+    finite = _finite_flags([v.value for v in checked])
     return [v.path for v, ok in zip(checked, np.asarray(finite)) if not ok]
+
+
+def _all_finite(values):
+    return keras.ops.stack(
+        [keras.ops.all(keras.ops.isfinite(value)) for value in values]
+    )
+
+
+def _finite_flags(values):
+    """`_all_finite(values)` in numpy. On JAX one compiled program checks
+    them all where they live (weights split across processes included:
+    every process takes part, and each gets every flag)."""
+    if keras.config.backend() != "jax":
+        return np.asarray(keras.ops.convert_to_numpy(_all_finite(values)))
+    import jax
+    from jax.experimental import multihost_utils
+
+    flags = jax.jit(_all_finite)(values)
+    if not flags.is_fully_addressable:
+        flags = multihost_utils.process_allgather(flags, tiled=True)
+    return np.asarray(flags)
 
 
 def non_finite_stop(config, error_class, message, step):

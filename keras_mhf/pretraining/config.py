@@ -27,7 +27,7 @@ from keras_mhf.pretraining.errors import RunConfigError
 
 MODELS = ("mhf", "standard")
 SIGNATURE_RULES = ("unique", "reference", "repeated")
-DISTRIBUTIONS = (None, "data", "model")
+DISTRIBUTIONS = (None, "data", "model", "fsdp")
 # `make_optimizer`'s names (see keras_mhf.pretraining.training).
 OPTIMIZERS = ("adamw", "keras_adamw")
 # Keras dtype policies a run trains in: float32; mixed_bfloat16 (float32
@@ -81,8 +81,9 @@ class RunConfig:
     the same memory, the same numbers; it is not part of what a resumed
     run must match),
     `seed` (seeds the weights and the training windows), `distribution`
-    (`None`, `"data"` or `"model"`: all devices with
-    `keras.distribution`, JAX only; other backends are refused),
+    (`None`, `"data"`, `"model"` or `"fsdp"`: all devices with
+    `keras.distribution`, JAX only, see `distribution`; other backends are
+    refused),
     `mesh` (`(batch, model)` sizes or `"2x4"`),
     `compilation_cache` (JAX: where compiled programs are kept so
     that a resumed run starts training within seconds; `"auto"`:
@@ -393,7 +394,8 @@ _RULES = (
         "distribution",
         _rule(
             lambda v: v in DISTRIBUTIONS,
-            "{flag} must be 'data' or 'model' (or left out), got {value!r}",
+            "{flag} must be 'data', 'model' or 'fsdp' (or left out), got "
+            "{value!r}",
         ),
     ),
     (
@@ -436,19 +438,26 @@ def process_layout():
     return jax.process_index(), jax.process_count()
 
 
+def _local_device_count():
+    import jax
+
+    return jax.local_device_count()
+
+
 def is_primary():
     """Whether this process writes the run's files: only process 0 does
-    (checkpoints, log, preset, summary)."""
+    (log, preset, summary, checkpoints' `state.json`; every process writes
+    its own shards of a checkpoint)."""
     return process_layout()[0] == 0
 
 
 @contextlib.contextmanager
 def writing_alone():
-    """Lets process 0 save while the other processes go on: in a
+    """Lets process 0 save a preset while the other processes go on: in a
     multi-process job, creating a variable under a distribution is a
     collective operation (and Keras' saving creates one), so the save runs
-    without the distribution. The weights are replicated on every process,
-    so process 0 reads them all locally."""
+    without the distribution. Weights split across processes are gathered
+    first (`distribution.whole_weights`)."""
     if process_layout()[1] == 1:
         yield
         return
@@ -493,14 +502,8 @@ def run_scope(config):
             raise RunConfigError(
                 f"This is process {process_index} of {process_count} of a "
                 "multi-process job, but no distribution was given; pass "
-                "--distribution data so that the processes train one model."
-            )
-        if config.distribution == "model":
-            raise RunConfigError(
-                "Multi-process runs support --distribution data only: "
-                "checkpoints are written from weights replicated on every "
-                "process, which model parallelism over processes does not "
-                "give."
+                "--distribution data (or fsdp, or model) so that the "
+                "processes train one model."
             )
         if config.batch_size % process_count:
             raise RunConfigError(
@@ -512,6 +515,7 @@ def run_scope(config):
         cache.enter_context(_compilation_cache(config))
         if config.distribution is not None:
             from keras_mhf.pretraining.distribution import check_batch_size
+            from keras_mhf.pretraining.distribution import check_model_axis
             from keras_mhf.pretraining.distribution import make_distribution
 
             try:
@@ -521,6 +525,8 @@ def run_scope(config):
                     config=backbone_config(config),
                 )
                 check_batch_size(config.batch_size, strategy)
+                if process_count > 1:
+                    check_model_axis(strategy, _local_device_count())
             except ValueError as error:
                 raise RunConfigError(str(error)) from error
             if process_count > 1:

@@ -25,6 +25,7 @@ from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import run_scope
 from keras_mhf.pretraining.config import writing_alone
 from keras_mhf.pretraining.data import load_data
+from keras_mhf.pretraining.distribution import whole_weights
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row
@@ -102,10 +103,11 @@ def finish(config, lm, data, step):
         )
     if config.verbose:
         print(describe(results))
-    if not is_primary():
-        return summary
-    preset = config.path("preset")
-    save_preset(lm, preset)
+    with whole_weights(lm):  # every process takes part in the gathering
+        if not is_primary():
+            return summary
+        preset = config.path("preset")
+        save_preset(lm, preset)
     summary["preset"] = os.path.abspath(preset)
     plot = plot_log(config.path("log.csv"), config.path("loss.png"))
     if plot:

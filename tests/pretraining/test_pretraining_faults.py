@@ -371,3 +371,54 @@ def test_non_finite_weights_are_never_checkpointed(
     assert error.value.checkpoint.endswith("step_000001")
     assert checkpoints(output) == ["step_000001"]
     assert "Rerun with a lower --learning-rate" in str(error.value)
+
+
+def test_a_run_of_0_1_resumes_from_its_h5_checkpoint(
+    tmp_path, corpus, reference
+):
+    """keras_mhf 0.1 wrote `model.weights.h5` checkpoints (format version 1,
+    `mixed_precision` among the settings): a run resumes from one after
+    its sha256 check and ends with the uninterrupted run's weights; a
+    damaged one is set aside like any other."""
+    from keras_mhf.pretraining import WEIGHTS_FILE
+    from keras_mhf.pretraining import RunConfig
+    from keras_mhf.pretraining import load_data
+    from keras_mhf.pretraining import resume
+    from keras_mhf.utils.files import file_sha256
+
+    output = copy_run(reference, tmp_path / "run", keep_steps=(2,))
+    step_2 = os.path.join(output, "checkpoints", "step_000002")
+    with open(os.path.join(step_2, "state.json")) as f:
+        state = json.load(f)
+    config = RunConfig(corpus[0], output, **RUN)
+    data = load_data(config)
+    lm = training.build_run_model(config, data.tokenizer)
+    assert resume(config, lm, data) == 2
+    shutil.rmtree(step_2)
+    os.makedirs(step_2)
+    weights = os.path.join(step_2, WEIGHTS_FILE)
+    lm.save_weights(weights)
+    settings = dict(state["settings"], mixed_precision=False)
+    del settings["precision"]
+    del state["files"]
+    state.update(
+        format_version=1,
+        settings=settings,
+        weights=dict(
+            file=WEIGHTS_FILE,
+            bytes=os.path.getsize(weights),
+            sha256=file_sha256(weights),
+        ),
+    )
+    with open(os.path.join(step_2, "state.json"), "w") as f:
+        json.dump(state, f)
+    kept = os.path.join(tmp_path, "h5_copy")
+    shutil.copytree(output, kept)
+    lm, summary = pretrain(corpus[0], output, **RUN)
+    assert summary["finished"]
+    assert_same_state(state_of(lm), reference[0])
+    assert checkpoints(output) == ["step_000003", "step_000004"]
+    flip_a_byte(os.path.join(kept, "checkpoints", "step_000002", WEIGHTS_FILE))
+    with pytest.warns(UserWarning, match=r"step 2\) is unusable.*sha256"):
+        with pytest.raises(CheckpointError, match="none can be loaded"):
+            pretrain(corpus[0], kept, **RUN)
