@@ -1,30 +1,39 @@
-"""Multi-process data-parallel pre-training from a prepared corpus on one
-machine, checked against a single process: the pattern a multi-host launch
-uses, with localhost as the coordinator and CPU collectives (gloo).
+"""Multi-process pre-training with the weights split across processes
+(fully sharded data parallelism, `--distribution fsdp`), from a prepared
+corpus on one machine, checked against a single process: the pattern a
+multi-host launch uses, with localhost as the coordinator and CPU
+collectives (gloo).
 
     KERAS_BACKEND=jax python tools/multiprocess_check.py
 
-It starts three processes at once. The single process prepares a tiny corpus
-(a SentencePiece tokenizer trained on generated sentences,
-`keras_mhf.data.prepare_data` into small shards, so windows cross them), then
-pre-trains a tiny MultiHashFormer on it with `keras_mhf.pretraining.pretrain`
-on one device. The 2 workers (2 virtual CPU devices each, 4 devices in all)
-join one JAX job exactly as `keras-mhf pretrain --coordinator
-localhost:PORT --num-processes 2 --process-id I` does (its `join_processes`),
-wait for the prepared corpus and run the same `pretrain` with `distribution=
-"data"`: each streams only its own rows of every global batch. It checks, and
-prints:
+The single process prepares a tiny corpus (a SentencePiece tokenizer
+trained on generated sentences, `keras_mhf.data.prepare_data` into small
+shards, so windows cross them), then pre-trains a tiny MultiHashFormer on it
+on one device. Jobs of 2 worker processes (4 virtual CPU devices each, 8 in
+all) join one JAX job exactly as `keras-mhf pretrain --coordinator
+localhost:PORT --num-processes 2 --process-id I` does (its
+`join_processes`) and run the same `pretrain` with `distribution="fsdp"`:
+every weight and its AdamW state are split along the batch axis, which
+spans both processes, and each process streams only its own rows of every
+global batch. Three jobs run: an uninterrupted one; one whose process 1 is
+SIGKILLed while checkpoint 2 is written (the launcher then stops process 0,
+as a scheduler does), restarted to the end; and the killed job's step-1
+checkpoint resumed by one process on one device. It checks, and prints:
 
+- each process holds only its shards (about half of the bytes);
 - what the two workers read is disjoint and, put together, is exactly what
   the single process reads (the token windows of every step);
-- both workers end with identical weights and optimizer state, equal to the
-  single process's (1e-5; float sums are reassociated across devices);
-- both score the same validation loss as the single process;
-- process 0 alone wrote the checkpoints, log and preset.
+- the job ends with the single process's weights and optimizer state
+  (1e-5; float sums are reassociated across devices) and validation loss;
+- every process wrote its own shards of each checkpoint (Orbax), process 0
+  the log and preset;
+- the restarted job ends with the uninterrupted job's weights, to the bit;
+- the checkpoint moved from 8 devices to 1 ends within 1e-5 of the single
+  process.
 
 It exits non-zero unless all hold. On real hosts, run the recipe once per
 host with the coordinator's address (`keras-mhf pretrain ... --distribution
-data --coordinator 10.0.0.1:1234 --num-processes N --process-id I`).
+fsdp --coordinator 10.0.0.1:1234 --num-processes N --process-id I`).
 """
 
 import json

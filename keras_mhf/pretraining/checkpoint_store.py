@@ -141,7 +141,10 @@ class CheckpointWriter:
             enable_async_checkpointing=True,
             cleanup_tmp_directories=True,
             async_options=ocp.AsyncOptions(
-                post_finalization_callback=self._write_state
+                post_finalization_callback=self._write_state,
+                # The step's directories too are made off the training
+                # thread.
+                create_directories_asynchronously=True,
             ),
         )
         self._manager = ocp.CheckpointManager(
