@@ -59,6 +59,38 @@ def _groups(lm):
     return groups
 
 
+class NonFiniteValues(ValueError):
+    """A checkpoint was not committed: some of its values are NaN or
+    infinite. `paths` names those variables."""
+
+    def __init__(self, step, paths):
+        super().__init__(
+            f"the values of {len(paths)} variables are not finite at step "
+            f"{step} (e.g. {paths[0]})"
+        )
+        self.step, self.paths = step, paths
+
+
+def all_finite(values):
+    """One flag per value: whether all its entries are finite."""
+    return keras.ops.stack(
+        [keras.ops.all(keras.ops.isfinite(value)) for value in values]
+    )
+
+
+def _finite_flags_later(values):
+    """A callable giving `all_finite(values)` in numpy, started now and read
+    later: on JAX one compiled program is dispatched, which runs while the
+    training goes on; numpy copies are checked when it is called (in Orbax's
+    writing thread)."""
+    if keras.config.backend() == "jax":
+        import jax
+
+        flags = jax.jit(all_finite)(values)
+        return lambda: np.asarray(flags)
+    return lambda: np.array([np.isfinite(value).all() for value in values])
+
+
 def _key(index):
     return f"{index:05d}"
 
@@ -151,7 +183,7 @@ class CheckpointWriter:
             root, options=options, item_names=(VARIABLES,)
         )
 
-    def save(self, step, lm, state):
+    def save(self, step, lm, state, check_finite=True):
         """Starts writing the checkpoint of `step` (after the previous one
         is committed); returns once the values are off the devices.
 
@@ -160,15 +192,29 @@ class CheckpointWriter:
             lm: the model (with its optimizer).
             state: the run state for `state.json` (process 0's is written);
                 the files' manifest is added under `"files"`.
+            check_finite: check that every float value is finite before the
+                commit, while the training goes on: a checkpoint with a NaN
+                or infinite value is never committed, and `wait` raises
+                `NonFiniteValues`. (Single-process only: the check runs in
+                process 0's writing thread, where no collective can run.)
         """
         ocp = _orbax()
         self.wait()
-        self._pending = (step, state)
+        tree = variable_tree(lm)
+        check = None
+        if check_finite:
+            written = [
+                (v.path, tree[group][_key(i)])
+                for group, variables in _groups(lm).items()
+                for i, v in enumerate(variables)
+                if "float" in keras.backend.standardize_dtype(v.dtype)
+            ]
+            flags = _finite_flags_later([value for _, value in written])
+            check = (flags, [path for path, _ in written])
+        self._pending = (step, state, check)
         self._manager.save(
             step,
-            args=ocp.args.Composite(
-                **{VARIABLES: ocp.args.StandardSave(variable_tree(lm))}
-            ),
+            args=ocp.args.Composite(**{VARIABLES: ocp.args.StandardSave(tree)}),
             force=True,
         )
         hooks.event("checkpoint_started", path=self.directory(step))
@@ -178,8 +224,14 @@ class CheckpointWriter:
 
     def _write_state(self):
         """Orbax's hook on process 0 once every process has written its
-        shards, before the rename: `state.json` with the files' manifest."""
-        step, state = self._pending
+        shards, before the rename: the finite check, then `state.json` with
+        the files' manifest. Raising here stops the commit."""
+        step, state, check = self._pending
+        if check is not None:
+            flags, paths = check
+            bad = [path for path, ok in zip(paths, flags()) if not ok]
+            if bad:
+                raise NonFiniteValues(step, bad)
         final = self.directory(step)
         (temporary,) = glob.glob(glob.escape(final) + TEMPORARY_MARK + "*")
         state = dict(state, files=file_manifest(temporary))

@@ -7,8 +7,8 @@ must not change, and the size and sha256 of every file of the checkpoint).
 A checkpoint is written asynchronously (training goes on while it is
 written) under a temporary name and renamed in one atomic step once
 complete; Orbax keeps the last `KEEP_CHECKPOINTS`. `resume` loads the newest
-complete one after checking its files; nothing non-finite is ever written
-(`check_finite`). Checkpoints of keras_mhf 0.1 (`model.weights.h5`, format
+complete one after checking its files; nothing non-finite is ever committed
+(the values are checked while they are written). Checkpoints of keras_mhf 0.1 (`model.weights.h5`, format
 version 1) are still read.
 """
 
@@ -25,6 +25,8 @@ from keras_mhf.pretraining import checkpoint_store
 from keras_mhf.pretraining.checkpoint_store import STATE_FILE
 from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
 from keras_mhf.pretraining.checkpoint_store import CheckpointWriter
+from keras_mhf.pretraining.checkpoint_store import NonFiniteValues
+from keras_mhf.pretraining.checkpoint_store import all_finite
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import CheckpointError
@@ -412,22 +414,17 @@ def _non_finite_variables(lm):
     return [v.path for v, ok in zip(checked, np.asarray(finite)) if not ok]
 
 
-def _all_finite(values):
-    return keras.ops.stack(
-        [keras.ops.all(keras.ops.isfinite(value)) for value in values]
-    )
-
-
 def _finite_flags(values):
-    """`_all_finite(values)` in numpy. On JAX one compiled program checks
+    """`checkpoint_store.all_finite(values)` in numpy, now. On JAX one
+    compiled program checks
     them all where they live (weights split across processes included:
     every process takes part, and each gets every flag)."""
     if keras.config.backend() != "jax":
-        return np.asarray(keras.ops.convert_to_numpy(_all_finite(values)))
+        return np.asarray(keras.ops.convert_to_numpy(all_finite(values)))
     import jax
     from jax.experimental import multihost_utils
 
-    flags = jax.jit(_all_finite)(values)
+    flags = jax.jit(all_finite)(values)
     if not flags.is_fully_addressable:
         flags = multihost_utils.process_allgather(flags, tiled=True)
     return np.asarray(flags)
@@ -513,6 +510,9 @@ def wait_for_checkpoints(config):
         DiskFullError: the disk filled up during the write; its temporary
             directory is removed and the message names the last complete
             checkpoint.
+        NonFiniteWeightsError: a value of the checkpoint was NaN or
+            infinite, so it was not committed (its temporary directory is
+            removed; the message names the last good checkpoint).
 
     Example:
 
@@ -527,16 +527,34 @@ def wait_for_checkpoints(config):
     try:
         writer.wait()
     except Exception as error:  # Orbax re-raises the writing thread's error
-        if "No space left on device" not in str(error):
+        non_finite = _caused_by(error, NonFiniteValues)
+        if non_finite is None and "No space left on device" not in str(error):
             raise
         close_checkpoints(config, wait=False)
         _remove_stale(config)
+        if non_finite is not None:
+            raise non_finite_stop(
+                config,
+                NonFiniteWeightsError,
+                f"the weights became non-finite by step {step} ("
+                f"{len(non_finite.paths)} variables, e.g. "
+                f"{non_finite.paths[0]}) although the training loss stayed "
+                "finite; no checkpoint was written from them.",
+                step,
+            ) from None
         raise DiskFullError(
             f"no space left on device while writing checkpoint "
             f"step_{step:06d} in {config.path(CHECKPOINTS)} "
             f"({str(error).splitlines()[0][:120]}); the temporary directory "
             "was removed. " + _resume_advice(config)
         ) from None
+
+
+def _caused_by(error, kind):
+    """`error`, or the exception of type `kind` it was raised from."""
+    while error is not None and not isinstance(error, kind):
+        error = error.__cause__ or error.__context__
+    return error
 
 
 def close_checkpoints(config, wait=True):
@@ -570,14 +588,17 @@ def save_checkpoint(
 
     Only a good checkpoint is written: finite weights and optimizer state,
     and (when given) a finite validation loss, so that the checkpoint a
-    stopped run keeps can always be resumed. Every process calls it (each
+    stopped run keeps can always be resumed. The values are checked while
+    they are written (in a multi-process job, before): a non-finite one
+    stops the commit, and the error comes from the next wait (the next
+    checkpoint, the end of the run, or `wait_for_checkpoints`). Every process calls it (each
     writes its own shards). Before writing, the free space is checked
     against the size of the last checkpoint (or, for the first, of the
     variables).
 
     Raises:
-        NonFiniteWeightsError: a weight is NaN or infinite (nothing is
-            written).
+        NonFiniteWeightsError: a weight of this checkpoint (multi-process)
+            or of the previous one is NaN or infinite (it was not written).
         NonFiniteLossError: `validation_loss` is NaN or infinite (nothing is
             written).
         DiskFullError: the file system is (or would be) full, or it filled
@@ -593,7 +614,9 @@ def save_checkpoint(
     save_checkpoint(config, lm, data, step=100, validation_loss=5.2)
     ```
     """
-    check_finite(config, lm, step, "checkpoint")
+    alone = process_layout()[1] == 1
+    if not alone:  # the writing thread cannot run collectives: check now
+        check_finite(config, lm, step, "checkpoint")
     if validation_loss is not None and not math.isfinite(validation_loss):
         raise non_finite_stop(
             config,
@@ -626,7 +649,7 @@ def save_checkpoint(
         "settings": run_settings(config, data),
         "optimizer": _optimizer_settings(config),
     }
-    writer.save(step, lm, state)
+    writer.save(step, lm, state, check_finite=alone)
     return final
 
 

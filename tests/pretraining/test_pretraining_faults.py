@@ -347,16 +347,31 @@ def test_a_resumed_run_never_replaces_a_good_checkpoint_with_a_bad_one(
     assert summary["status"] == "failed" and summary["last_good_step"] == 2
 
 
+@pytest.mark.parametrize(
+    "target, error_class, named",
+    [
+        # A weight: the validation loss (or the weights) turns non-finite.
+        ("weight", NonFiniteTrainingError, "step 2"),
+        # An AdamW slot, which no loss sees: the check that runs while the
+        # checkpoint is written stops its commit.
+        ("optimizer slot", NonFiniteWeightsError, "by step 2"),
+    ],
+)
 def test_non_finite_weights_are_never_checkpointed(
-    tmp_path, corpus, monkeypatch
+    tmp_path, corpus, monkeypatch, target, error_class, named
 ):
     real_train_chunk = training.train_chunk
     poisoned = []
 
     def poisoning_train_chunk(config, lm, data, first, last):
         history = real_train_chunk(config, lm, data, first, last)
-        if last == 2:  # a weight turns NaN while the loss stays finite
-            variable = lm.backbone.trainable_weights[0]
+        if last == 2:  # a value turns NaN while the loss stays finite
+            if target == "weight":
+                variable = lm.backbone.trainable_weights[0]
+            else:
+                variable = [
+                    v for v in lm.optimizer.variables if len(v.shape) == 2
+                ][0]
             value = np.array(keras.ops.convert_to_numpy(variable.value))
             value.flat[0] = np.nan
             variable.assign(value)
@@ -365,10 +380,11 @@ def test_non_finite_weights_are_never_checkpointed(
 
     monkeypatch.setattr(training, "train_chunk", poisoning_train_chunk)
     output = str(tmp_path / "run")
-    with pytest.raises(NonFiniteWeightsError, match="by step 2") as error:
+    with pytest.raises(error_class, match=named) as error:
         pretrain(corpus[0], output, **RUN)
     assert len(poisoned) == 1  # the run trained through the patched chunk
     assert error.value.checkpoint.endswith("step_000001")
+    # Nothing of step 2 is left, not even a temporary directory.
     assert checkpoints(output) == ["step_000001"]
     assert "Rerun with a lower --learning-rate" in str(error.value)
 
