@@ -8,8 +8,8 @@ A checkpoint is written asynchronously (training goes on while it is
 written) under a temporary name and renamed in one atomic step once
 complete; Orbax keeps the last `KEEP_CHECKPOINTS`. `resume` loads the newest
 complete one after checking its files; nothing non-finite is ever committed
-(the values are checked while they are written). Checkpoints of keras_mhf 0.1 (`model.weights.h5`, format
-version 1) are still read.
+(the values are checked while they are written). Checkpoints of keras_mhf
+0.1 (`model.weights.h5`, format version 1) are still read.
 """
 
 import math
