@@ -28,6 +28,7 @@ import os
 import keras
 import numpy as np
 
+from keras_mhf.pretraining.errors import NonFiniteValues
 from keras_mhf.utils import hooks
 from keras_mhf.utils.files import file_sha256
 from keras_mhf.utils.files import fsync_directory
@@ -57,18 +58,6 @@ def _groups(lm):
     if lm.optimizer is not None:
         groups["optimizer"] = list(lm.optimizer.variables)
     return groups
-
-
-class NonFiniteValues(ValueError):
-    """A checkpoint was not committed: some of its values are NaN or
-    infinite. `paths` names those variables."""
-
-    def __init__(self, step, paths):
-        super().__init__(
-            f"the values of {len(paths)} variables are not finite at step "
-            f"{step} (e.g. {paths[0]})"
-        )
-        self.step, self.paths = step, paths
 
 
 def all_finite(values):

@@ -25,12 +25,12 @@ from keras_mhf.pretraining import checkpoint_store
 from keras_mhf.pretraining.checkpoint_store import STATE_FILE
 from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
 from keras_mhf.pretraining.checkpoint_store import CheckpointWriter
-from keras_mhf.pretraining.checkpoint_store import NonFiniteValues
 from keras_mhf.pretraining.checkpoint_store import all_finite
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import CheckpointError
 from keras_mhf.pretraining.errors import NonFiniteLossError
+from keras_mhf.pretraining.errors import NonFiniteValues
 from keras_mhf.pretraining.errors import NonFiniteWeightsError
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.logs import trim_log

@@ -64,3 +64,25 @@ class NonFiniteLossError(NonFiniteTrainingError):
 class NonFiniteWeightsError(NonFiniteTrainingError):
     """A weight became NaN or infinite although the loss stayed finite; the
     checkpoint, preset or summary that was about to be written was not."""
+
+
+class NonFiniteValues(ValueError):
+    """A checkpoint was not committed: some of its values are NaN or
+    infinite (`checkpoint_store.CheckpointWriter` raises it in its writing
+    thread; `checkpoints.wait_for_checkpoints` turns it into a
+    `NonFiniteWeightsError` naming the last good checkpoint). `paths` names
+    those variables.
+
+    Example:
+
+    ```python
+    NonFiniteValues(300, ["hash_encoder/embeddings_0"]).paths
+    ```
+    """
+
+    def __init__(self, step, paths):
+        super().__init__(
+            f"the values of {len(paths)} variables are not finite at step "
+            f"{step} (e.g. {paths[0]})"
+        )
+        self.step, self.paths = step, paths
