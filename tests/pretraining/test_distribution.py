@@ -194,3 +194,25 @@ def test_other_backends_refuse_instead_of_training_on_one_device(
             verbose=0,
         )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_model_axis_across_processes_is_refused_naming_fsdp():
+    """Processes stream disjoint rows, so a model axis may not span two of
+    them; one that stays inside each process is fine."""
+    import types
+
+    from keras_mhf.pretraining.distribution import check_model_axis
+    from keras_mhf.pretraining.distribution import fsdp_axes
+
+    def layout(batch, model):
+        mesh = types.SimpleNamespace(
+            axis_names=["batch", "model"], shape=[batch, model]
+        )
+        return types.SimpleNamespace(device_mesh=mesh)
+
+    check_model_axis(layout(2, 4), local_devices=4)  # one row per process
+    with pytest.raises(ValueError, match="--distribution fsdp"):
+        check_model_axis(layout(1, 8), local_devices=4)
+    # FSDP splits the largest dimension the devices divide.
+    assert fsdp_axes((96, 1024), 8) == [None, "batch"]
+    assert fsdp_axes((7, 3), 8) == [None, None]
