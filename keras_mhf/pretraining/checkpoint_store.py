@@ -67,17 +67,39 @@ def all_finite(values):
     )
 
 
-def _finite_flags_later(values):
+def finite_flags_later(values):
     """A callable giving `all_finite(values)` in numpy, started now and read
-    later: on JAX one compiled program is dispatched, which runs while the
-    training goes on; numpy copies are checked when it is called (in Orbax's
-    writing thread)."""
+    when called. On JAX one compiled program is dispatched, which runs
+    while the training goes on (values split across processes included: the
+    flags are then gathered, a collective every process must call); numpy
+    copies are checked when it is called (e.g. in Orbax's writing thread);
+    other tensors through `keras.ops`.
+
+    Example:
+
+    ```python
+    flags = finite_flags_later([v.value for v in lm.weights])
+    assert flags().all()
+    ```
+    """
     if keras.config.backend() == "jax":
         import jax
 
         flags = jax.jit(all_finite)(values)
-        return lambda: np.asarray(flags)
-    return lambda: np.array([np.isfinite(value).all() for value in values])
+
+        def read():
+            if flags.is_fully_addressable:
+                return np.asarray(flags)
+            from jax.experimental import multihost_utils
+
+            return np.asarray(
+                multihost_utils.process_allgather(flags, tiled=True)
+            )
+
+        return read
+    if all(isinstance(value, np.ndarray) for value in values):
+        return lambda: np.array([np.isfinite(value).all() for value in values])
+    return lambda: np.asarray(keras.ops.convert_to_numpy(all_finite(values)))
 
 
 def _key(index):
@@ -198,7 +220,7 @@ class CheckpointWriter:
                 for i, v in enumerate(variables)
                 if "float" in keras.backend.standardize_dtype(v.dtype)
             ]
-            flags = _finite_flags_later([value for _, value in written])
+            flags = finite_flags_later([value for _, value in written])
             check = (flags, [path for path, _ in written])
         self._pending = (step, state, check)
         self._manager.save(

@@ -25,7 +25,7 @@ from keras_mhf.pretraining import checkpoint_store
 from keras_mhf.pretraining.checkpoint_store import STATE_FILE
 from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
 from keras_mhf.pretraining.checkpoint_store import CheckpointWriter
-from keras_mhf.pretraining.checkpoint_store import all_finite
+from keras_mhf.pretraining.checkpoint_store import finite_flags_later
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import CheckpointError
@@ -410,24 +410,8 @@ def _non_finite_variables(lm):
     ]
     if not checked:
         return []
-    finite = _finite_flags([v.value for v in checked])
+    finite = finite_flags_later([v.value for v in checked])()
     return [v.path for v, ok in zip(checked, np.asarray(finite)) if not ok]
-
-
-def _finite_flags(values):
-    """`checkpoint_store.all_finite(values)` in numpy, now. On JAX one
-    compiled program checks
-    them all where they live (weights split across processes included:
-    every process takes part, and each gets every flag)."""
-    if keras.config.backend() != "jax":
-        return np.asarray(keras.ops.convert_to_numpy(all_finite(values)))
-    import jax
-    from jax.experimental import multihost_utils
-
-    flags = jax.jit(all_finite)(values)
-    if not flags.is_fully_addressable:
-        flags = multihost_utils.process_allgather(flags, tiled=True)
-    return np.asarray(flags)
 
 
 def non_finite_stop(config, error_class, message, step):
@@ -634,7 +618,7 @@ def save_checkpoint(
             config.path(CHECKPOINTS),
             _checkpoint_estimate(config, lm),
             f"checkpoint {os.path.basename(final)}",
-            _resume_advice(config),
+            lambda: _resume_advice(config),  # verifies a checkpoint: lazily
         )
     state = {
         "format": CHECKPOINT_FORMAT,

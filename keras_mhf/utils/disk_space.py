@@ -78,7 +78,8 @@ def check_free_space(directory, needed_bytes, what, advice=""):
         directory: an existing directory on the file system to write.
         needed_bytes: the estimated size of the write.
         what: what is about to be written, for the message.
-        advice: the rest of the message (what was kept, what to do).
+        advice: the rest of the message (what was kept, what to do), or a
+            callable giving it, called only when the space is short.
 
     Example:
 
@@ -88,6 +89,8 @@ def check_free_space(directory, needed_bytes, what, advice=""):
     """
     free = shutil.disk_usage(directory).free
     if free < needed_bytes + MARGIN_BYTES:
+        if callable(advice):
+            advice = advice()
         raise DiskFullError(
             f"not enough free space to write {what} in {directory}: it needs "
             f"about {_megabytes(needed_bytes + MARGIN_BYTES)}, "
