@@ -6,11 +6,13 @@ built is checkpointed `--repeats` times each way, in this process:
 
 - h5 (0.1): `save_weights` of the model and optimizer state into
   `model.weights.h5`, its sha256 and an fsync: all on the training thread.
-- Orbax (now): `CheckpointWriter.save` until it returns (the values are
-  off the devices and the finite check of every value is dispatched;
-  training goes on), then, apart, the time until the write is committed.
-  Also apart: the synchronous finite check that a multi-process job runs
-  before its save.
+- Orbax (now): `CheckpointWriter.save` until it returns: the small
+  variables are copied into one pack per dtype and the finite check of
+  every value is dispatched (one program); the large ones are Orbax's to
+  copy off the devices, on the training thread; when there are none (every
+  value written is a copy), Orbax's own setup runs on a writer thread.
+  Then, apart, the time until the write is committed. Also apart: the
+  synchronous finite check that a multi-process job runs before its save.
 
 It prints (and with `--out` writes) the medians and the blocking ratio.
 
@@ -122,9 +124,11 @@ def format_table(rows, repeats):
         f"cores; medians of {repeats} writes to local disk). Blocking: what "
         "the training thread waits for. h5 (0.1): `save_weights` of the "
         "weights and AdamW state, sha256, fsync. Orbax: `CheckpointWriter."
-        "save` until it returns (the finite check of the values runs while "
-        "they are written); the write then goes on in the background until "
-        "the commit (not blocking). A multi-process job checks the values "
+        "save` until it returns (the small variables are copied into one "
+        "pack per dtype on the device, the large ones are copied off the "
+        "devices by Orbax; the finite check of the values runs while they "
+        "are written); the write then goes on in the background until the "
+        "commit (not blocking). A multi-process job checks the values "
         "before saving (synchronous, last column).",
         "",
         "| backend | shape | variables MB | h5 blocking s | Orbax blocking "
@@ -145,7 +149,7 @@ def format_table(rows, repeats):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="writes OUT.json and OUT.md")
     args = p.parse_args(argv)
     rows = []

@@ -14,7 +14,16 @@ before a resume trusts it.
 
 On JAX the values are the variables' (possibly sharded) arrays, and a
 restore puts each shard straight onto the current layout (also another mesh
-or process count); TensorFlow and PyTorch give numpy copies.
+or process count); TensorFlow and PyTorch give numpy copies. Orbax's cost on
+the training thread grows with the number of arrays, so the small
+replicated variables (up to `PACK_BYTES` each: most of a model's variables
+by count, few of its bytes) are copied into one array per dtype (`packs`,
+made where the variables live), which `state.json` maps back to the
+variables (`"packed"`); large or sharded ones are written each as its own
+array (`VariableLayout`). When every value written is such a copy (all of
+them on TensorFlow and PyTorch; on JAX when no variable is large or
+sharded) and the job has one process, even Orbax's setup of the write runs
+on a writer thread: `save` returns once the copies are made.
 
     writer = CheckpointWriter("runs/mhf/checkpoints", keep=2)
     writer.save(100, lm, state)         # returns while the write goes on
@@ -22,19 +31,32 @@ or process count); TensorFlow and PyTorch give numpy copies.
     restore_variables("runs/mhf/checkpoints/step_000100", lm)
 """
 
+import functools
 import glob
+import math
 import os
+import threading
+import time
 
 import keras
 import numpy as np
 
+from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteValues
 from keras_mhf.utils import hooks
 from keras_mhf.utils.files import file_sha256
 from keras_mhf.utils.files import fsync_directory
+from keras_mhf.utils.files import read_json
 from keras_mhf.utils.files import write_json
 
 VARIABLES = "variables"  # the Orbax item holding the arrays
+PACKS = "packs"  # its group of packed small variables
+# Variables up to this size (and not split across devices) are packed: each
+# array costs Orbax ~0.1-0.2 ms on the training thread, and a model has
+# hundreds of small ones; packing copies them (~0.1 ms per MB on a CPU), so
+# larger ones are cheaper alone (at the 100M shape 1 MiB packs 281 of 476
+# variables, 36 MB; 4 MiB would pack 356, 213 MB).
+PACK_BYTES = 2**20
 STATE_FILE = "state.json"
 # Orbax's step metadata (commit time), rewritten at the commit, after
 # `state.json`: outside the manifest.
@@ -82,46 +104,220 @@ def finite_flags_later(values):
     assert flags().all()
     ```
     """
+    if all(isinstance(value, np.ndarray) for value in values):
+        return lambda: np.array(
+            [np.isfinite(value).all() for value in values], bool
+        )
     if keras.config.backend() == "jax":
+        return _read_later(_compiled(all_finite)(values))
+    return lambda: np.asarray(keras.ops.convert_to_numpy(all_finite(values)))
+
+
+def _read_later(flags):
+    """A callable giving the jax array `flags` in numpy (gathered from
+    every process when it is split across them)."""
+
+    def read():
+        if flags.is_fully_addressable:
+            return np.asarray(flags)
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(flags, tiled=True))
+
+    return read
+
+
+@functools.cache
+def _compiled(function, *static_argnums):
+    """`function` compiled (once) where the backend compiles: `jax.jit`,
+    `tf.function`; as it is on PyTorch."""
+    backend = keras.config.backend()
+    if backend == "jax":
         import jax
 
-        flags = jax.jit(all_finite)(values)
+        return jax.jit(function, static_argnums=static_argnums)
+    if backend == "tensorflow":
+        import tensorflow as tf
 
-        def read():
-            if flags.is_fully_addressable:
-                return np.asarray(flags)
-            from jax.experimental import multihost_utils
+        return tf.function(function)  # (Python arguments are static)
+    return function
 
-            return np.asarray(
-                multihost_utils.process_allgather(flags, tiled=True)
-            )
 
-        return read
-    if all(isinstance(value, np.ndarray) for value in values):
-        return lambda: np.array([np.isfinite(value).all() for value in values])
-    return lambda: np.asarray(keras.ops.convert_to_numpy(all_finite(values)))
+def _packs_on_device(packs, check):
+    """`(flats, flags)`: each list of tensors of `packs` concatenated
+    into one flat array, and (with `check`, else none) `all_finite` of the
+    float values of the packs, in order. Compiled as one program
+    (`_compiled(_packs_on_device, 1)`)."""
+    flats = [
+        keras.ops.concatenate([keras.ops.reshape(v, (-1,)) for v in pack])
+        for pack in packs
+    ]
+    checked = [
+        value
+        for pack in packs
+        for value in pack
+        if check and "float" in keras.backend.standardize_dtype(value.dtype)
+    ]
+    if not checked:
+        return flats, keras.ops.zeros((0,), "bool")
+    return flats, all_finite(checked)
 
 
 def _key(index):
     return f"{index:05d}"
 
 
-def variable_tree(lm):
-    """`{"model": {"00000": value, ...}, "optimizer": {...}}` of the model's
-    variables and its optimizer's, numbered in Keras' order; the values are
-    jax arrays on JAX (sharded as the variables are), copies in numpy
-    otherwise (the training goes on while they are written)."""
-    jax = keras.config.backend() == "jax"
+class VariableLayout:
+    """Where a model's variables go in a checkpoint: fixed by their
+    shapes, dtypes and placements, so a writer works it out once.
 
-    def value(v):
+    The variables (the model's and its optimizer's, `_groups` order) are
+    numbered in Keras' order per group (`"00003"`). The small ones that
+    every device holding them holds whole (at most `PACK_BYTES`) are
+    concatenated into one pack per dtype and placement; the others are
+    written each as its own array.
+
+    Example:
+
+    ```python
+    layout = VariableLayout(lm)
+    tree, check = layout.snapshot(check_finite=True)
+    ```
+    """
+
+    def __init__(self, lm):
+        jax = keras.config.backend() == "jax"
+        groups = _groups(lm)
+        self.variables = [v for vs in groups.values() for v in vs]
+        self.keys = [
+            (group, _key(i))
+            for group, vs in groups.items()
+            for i in range(len(vs))
+        ]
+        members, self.singles = {}, []
+        for at, variable in enumerate(self.variables):
+            dtype = keras.backend.standardize_dtype(variable.dtype)
+            sharding = variable.value.sharding if jax else None
+            nbytes = math.prod(variable.shape) * np.dtype(dtype).itemsize
+            replicated = sharding is None or sharding.is_fully_replicated
+            if replicated and nbytes <= PACK_BYTES:
+                members.setdefault((dtype, sharding), []).append(at)
+            else:
+                self.singles.append(at)
+        self.packs = list(members.values())
+        # Whether every value written is a copy (see `snapshot`): then even
+        # the hand-off to Orbax can run off the training thread.
+        self.copies = keras.config.backend() != "jax" or not self.singles
+        # `{"float32_0": [[group, key, shape], ...]}`, for `state.json`.
+        self.packed = {
+            f"{dtype}_{n}": [
+                [*self.keys[at], list(self.variables[at].shape)] for at in pack
+            ]
+            for n, ((dtype, _), pack) in enumerate(members.items())
+        }
+        floating = [
+            "float" in keras.backend.standardize_dtype(v.dtype)
+            for v in self.variables
+        ]
+        # The float variables (finite-checked), in the flags' order: the
+        # packs' values, then the others.
+        self.checked_packed = [
+            at for pack in self.packs for at in pack if floating[at]
+        ]
+        self.checked_singles = [at for at in self.singles if floating[at]]
+        self.checked = self.checked_packed + self.checked_singles
+        self.paths = [self.variables[at].path for at in self.checked]
+        self._buffers = {}  # the packs' memory on PyTorch, reused
+
+    def matches(self, lm):
+        """Whether `lm`'s variables are those of this layout."""
+        variables = [v for vs in _groups(lm).values() for v in vs]
+        return len(variables) == len(self.variables) and all(
+            a is b for a, b in zip(variables, self.variables)
+        )
+
+    def snapshot(self, check_finite=False):
+        """`(tree, check)`: what a checkpoint writes of the variables now.
+
+        `tree` is `{"model": {"00003": value, ...}, "optimizer": {...},
+        "packs": {"float32_0": flat array, ...}}`. Nothing in it is a
+        variable's own memory: the training goes on while it is written. On
+        JAX and TensorFlow the packs are made where the variables live by
+        one compiled program (on JAX it also checks their values); on
+        PyTorch (eager) in numpy, in memory reused by the next snapshot (a
+        writer waits for the last write first). On JAX the packs and the
+        other values stay jax arrays (the others are the variables' own,
+        sharded as they are: Orbax copies them off the devices before `save`
+        returns); on TensorFlow and PyTorch they are numpy arrays (the others
+        copies).
+
+        With `check_finite`, `check` is `(flags, paths)`: `flags()` (see
+        `finite_flags_later`) tells which of the float variables `paths`
+        hold only finite values in what is written; else `None`.
+        """
+        backend = keras.config.backend()
+        jax = backend == "jax"
+        values = [v.value for v in self.variables]
+        if backend == "torch":  # eager: numpy is faster
+            values = [keras.ops.convert_to_numpy(value) for value in values]
+            flats = [
+                _concatenate([values[at] for at in pack], self._buffers, n)
+                for n, pack in enumerate(self.packs)
+            ]
+        else:
+            packs = [[values[at] for at in pack] for pack in self.packs]
+            check = check_finite and jax
+            flats, flags = _compiled(_packs_on_device, 1)(packs, check)
+            if not jax:
+                flats = [keras.ops.convert_to_numpy(flat) for flat in flats]
+                for at in self.singles:
+                    values[at] = keras.ops.convert_to_numpy(values[at])
+        if not jax:
+            for pack, entries, flat in zip(
+                self.packs, self.packed.values(), flats
+            ):
+                for at, view in zip(pack, _unpack(flat, entries)):
+                    values[at] = view
+            for at in self.singles:  # (numpy may share a variable's memory)
+                values[at] = np.array(values[at], copy=True)
+        tree = {}
+        for at in self.singles:
+            group, key = self.keys[at]
+            tree.setdefault(group, {})[key] = values[at]
+        if flats:
+            tree[PACKS] = dict(zip(self.packed, flats))
+        if not check_finite:
+            return tree, None
         if jax:
-            return v.value
-        return np.array(keras.ops.convert_to_numpy(v.value), copy=True)
+            in_packs = _read_later(flags)
+        else:
+            in_packs = finite_flags_later(
+                [values[at] for at in self.checked_packed]
+            )
+        # A program of its own: the packs are ready (to be written) before
+        # the check of the large values is done.
+        others = finite_flags_later([values[at] for at in self.checked_singles])
+        flags = lambda: np.concatenate([in_packs(), others()])  # noqa: E731
+        return tree, (flags, self.paths)
 
-    return {
-        group: {_key(i): value(v) for i, v in enumerate(variables)}
-        for group, variables in _groups(lm).items()
-    }
+
+def _concatenate(values, buffers, n):
+    """`values` (numpy) flattened into one array: `buffers[n]`, reused when
+    it has the size and dtype (fresh memory costs page faults)."""
+    size = sum(value.size for value in values)
+    buffer = buffers.get(n)
+    if buffer is None or buffer.size != size or buffer.dtype != values[0].dtype:
+        buffer = buffers[n] = np.empty(size, values[0].dtype)
+    return np.concatenate([value.reshape(-1) for value in values], out=buffer)
+
+
+def _unpack(flat, entries):
+    """The values of a pack's variables (`entries` as in `packed`)."""
+    offset = 0
+    for _, _, shape in entries:
+        size = math.prod(shape)
+        yield flat[offset : offset + size].reshape(shape)
+        offset += size
 
 
 def file_manifest(directory, skip=(STATE_FILE, STEP_METADATA)):
@@ -176,6 +372,9 @@ class CheckpointWriter:
         ocp = _orbax()
         self.root = root
         self._pending = None
+        self._starter = None  # the thread that hands a write to Orbax
+        self._start_error = None
+        self._layout = None  # of the model last written
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             step_name_format=ocp.step.standard_name_format(
@@ -211,24 +410,43 @@ class CheckpointWriter:
         """
         ocp = _orbax()
         self.wait()
-        tree = variable_tree(lm)
-        check = None
-        if check_finite:
-            written = [
-                (v.path, tree[group][_key(i)])
-                for group, variables in _groups(lm).items()
-                for i, v in enumerate(variables)
-                if "float" in keras.backend.standardize_dtype(v.dtype)
-            ]
-            flags = finite_flags_later([value for _, value in written])
-            check = (flags, [path for path, _ in written])
+        if self._layout is None or not self._layout.matches(lm):
+            self._layout = VariableLayout(lm)
+        tree, check = self._layout.snapshot(check_finite)
+        state = dict(state, packed=self._layout.packed)
         self._pending = (step, state, check)
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(**{VARIABLES: ocp.args.StandardSave(tree)}),
-            force=True,
-        )
+        args = ocp.args.Composite(**{VARIABLES: ocp.args.StandardSave(tree)})
+        if self._layout.copies and process_layout()[1] == 1:
+            # Nothing the training touches is written: even Orbax's setup
+            # (milliseconds of Python per write) runs off the training
+            # thread. (A multi-process job starts it here: its barriers
+            # must run in the same order on every process.)
+            self._starter = threading.Thread(
+                target=self._start, args=(step, args), name="checkpoint"
+            )
+            self._starter.start()
+        else:
+            self._manager.save(step, args=args, force=True)
         hooks.event("checkpoint_started", path=self.directory(step))
+
+    def _start(self, step, args):
+        # Lets the training thread have the GIL back first (else it waits
+        # up to the interpreter's switch interval, 5 ms, to return).
+        time.sleep(0)
+        try:
+            self._manager.save(step, args=args, force=True)
+        except BaseException as error:  # raised by `wait`
+            self._start_error = error
+
+    def _join_starter(self):
+        """Waits for the thread handing a write to Orbax; raises what it
+        raised."""
+        if self._starter is None:
+            return
+        self._starter.join()
+        self._starter, error, self._start_error = None, self._start_error, None
+        if error is not None:
+            raise error
 
     def directory(self, step):
         return os.path.join(self.root, f"{STEP_PREFIX}_{step:0{STEP_DIGITS}d}")
@@ -260,6 +478,7 @@ class CheckpointWriter:
         what its write raised (e.g. an error of a full disk)."""
         step = self.pending_step
         try:
+            self._join_starter()
             self._manager.wait_until_finished()
         finally:
             self._pending = None
@@ -273,7 +492,10 @@ class CheckpointWriter:
             if wait:
                 self.wait()
         finally:
-            self._manager.close()
+            try:
+                self._join_starter()
+            finally:
+                self._manager.close()
 
 
 def restore_variables(directory, lm):
@@ -285,25 +507,19 @@ def restore_variables(directory, lm):
         ValueError: the checkpoint's variables are not the model's (names
             the first that differs).
     """
-    ocp = _orbax()
     groups = _groups(lm)
-    path = os.path.join(os.path.abspath(directory), VARIABLES)
-    checkpointer = ocp.StandardCheckpointer()
-    try:
-        saved = checkpointer.metadata(path).item_metadata.tree
-        _check_shapes(groups, saved)
-        restored = checkpointer.restore(
-            path,
-            {
-                group: {_key(i): _target(v) for i, v in enumerate(variables)}
-                for group, variables in groups.items()
-            },
-        )
-    finally:
-        checkpointer.close()
+
+    def target(group, key, meta):
+        if group == PACKS:  # read whole by every process
+            return np.zeros(meta.shape, np.dtype(meta.dtype))
+        return _target(groups[group][int(key)])
+
+    values = _read(
+        directory, target, lambda saved: _check_shapes(groups, saved)
+    )
     for group, variables in groups.items():
         for i, variable in enumerate(variables):
-            variable.assign(restored[group][_key(i)])
+            variable.assign(_placed(values[group][_key(i)], variable))
 
 
 def read_variables(directory):
@@ -317,33 +533,81 @@ def read_variables(directory):
     read_variables("runs/mhf/checkpoints/step_000300")["model"]["00000"]
     ```
     """
+    return _read(
+        directory,
+        lambda group, key, meta: np.zeros(meta.shape, np.dtype(meta.dtype)),
+        lambda saved: None,
+    )
+
+
+def _read(directory, target, check):
+    """`{group: {key: value}}` of a checkpoint, its packs unpacked:
+    `check(shapes)` first sees `{group: {key: shape}}`, then Orbax reads
+    each array as `target(group, key, metadata)`."""
     ocp = _orbax()
     path = os.path.join(os.path.abspath(directory), VARIABLES)
+    packed = read_json(os.path.join(directory, STATE_FILE)).get("packed", {})
     checkpointer = ocp.StandardCheckpointer()
     try:
         saved = checkpointer.metadata(path).item_metadata.tree
-        target = {
-            group: {
-                key: np.zeros(meta.shape, np.dtype(meta.dtype))
-                for key, meta in found.items()
-            }
-            for group, found in saved.items()
-        }
-        return checkpointer.restore(path, target)
+        if set(saved.get(PACKS, {})) != set(packed):
+            raise ValueError(
+                f"its packs {sorted(saved.get(PACKS, {}))} are not those its "
+                f"{STATE_FILE} maps ({sorted(packed)})"
+            )
+        shapes = {}
+        for group, found in saved.items():
+            if group == PACKS:
+                continue
+            for key, meta in found.items():
+                shapes.setdefault(group, {})[key] = tuple(meta.shape)
+        for name, entries in packed.items():
+            size = sum(math.prod(shape) for _, _, shape in entries)
+            if tuple(saved[PACKS][name].shape) != (size,):
+                raise ValueError(
+                    f"its pack {name} has shape {saved[PACKS][name].shape}, "
+                    f"its {STATE_FILE} maps {size} values into it"
+                )
+            for group, key, shape in entries:
+                shapes.setdefault(group, {})[key] = tuple(shape)
+        check(shapes)
+        restored = checkpointer.restore(
+            path,
+            {
+                group: {
+                    key: target(group, key, meta) for key, meta in found.items()
+                }
+                for group, found in saved.items()
+            },
+        )
     finally:
         checkpointer.close()
+    values = {group: {} for group in shapes}
+    for group, found in restored.items():
+        if group != PACKS:
+            values[group].update(found)
+    for name, entries in packed.items():
+        unpacked = _unpack(np.asarray(restored[PACKS][name]), entries)
+        for (group, key, _), value in zip(entries, unpacked):
+            values[group][key] = value
+    return {
+        group: dict(sorted(found.items())) for group, found in values.items()
+    }
 
 
 def _check_shapes(groups, saved):
+    """`saved`: `{group: {key: shape}}` of a checkpoint."""
     for group, variables in groups.items():
         found = saved.get(group, {})
-        if len(found) != len(variables):
+        if sorted(found) != [_key(i) for i in range(len(found))] or len(
+            found
+        ) != len(variables):
             raise ValueError(
                 f"it holds {len(found)} {group} variables, the model has "
                 f"{len(variables)}"
             )
         for i, v in enumerate(variables):
-            shape = tuple(found[_key(i)].shape)
+            shape = found[_key(i)]
             if shape != tuple(v.shape):
                 raise ValueError(
                     f"its {group} variable {i} has shape {shape}, the "
@@ -363,3 +627,17 @@ def _target(variable):
         )
     dtype = keras.backend.standardize_dtype(variable.dtype)
     return np.zeros(variable.shape, dtype)
+
+
+def _placed(value, variable):
+    """`value` where `variable` lives: a numpy value (of a pack) is put
+    onto the variable's current sharding on JAX (each process its
+    shards)."""
+    if keras.config.backend() != "jax" or not isinstance(value, np.ndarray):
+        return value
+    import jax
+
+    sharding = variable.value.sharding
+    return jax.make_array_from_callback(
+        value.shape, sharding, lambda index: value[index]
+    )
