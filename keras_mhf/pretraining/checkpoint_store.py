@@ -599,9 +599,8 @@ def _check_shapes(groups, saved):
     """`saved`: `{group: {key: shape}}` of a checkpoint."""
     for group, variables in groups.items():
         found = saved.get(group, {})
-        if sorted(found) != [_key(i) for i in range(len(found))] or len(
-            found
-        ) != len(variables):
+        numbered = [_key(i) for i in range(len(variables))]
+        if sorted(found) != numbered:
             raise ValueError(
                 f"it holds {len(found)} {group} variables, the model has "
                 f"{len(variables)}"

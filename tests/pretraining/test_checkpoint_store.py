@@ -20,14 +20,14 @@ from keras_mhf.pretraining.checkpoint_store import restore_variables
 from tests.pretraining_helpers import state_of
 
 
-def build(seed):
+def build(seed, architecture="tiny_h3b64"):
     """A tiny model with its AdamW state, every variable random (`seed`)."""
     from keras_mhf.models import MultiHashFormerCausalLM
     from keras_mhf.optimizers import BiasCorrectedAdamW
 
     keras.utils.set_random_seed(seed)
     lm = MultiHashFormerCausalLM.from_tokens(
-        [f"token{i}" for i in range(64)], "tiny_h3b64", pad_token_id=2
+        [f"token{i}" for i in range(64)], architecture, pad_token_id=2
     )
     lm.compile(optimizer=BiasCorrectedAdamW(1e-3))
     lm.optimizer.build(lm.trainable_variables)
@@ -83,6 +83,12 @@ def test_packed_and_single_variables_are_read_back_exactly(
     restore_variables(directory, other)
     for a, b in zip(state_of(other), expected):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_checkpoint_of_another_shape_is_refused(tmp_path, lm):
+    directory = written(tmp_path, lm)
+    with pytest.raises(ValueError, match=r"variable \d+ has shape \(64, "):
+        restore_variables(directory, build(seed=2, architecture="tiny_h3b32"))
 
 
 def test_a_packing_table_that_does_not_fit_its_packs_is_an_error(tmp_path, lm):
