@@ -85,6 +85,19 @@ def test_packed_and_single_variables_are_read_back_exactly(
         np.testing.assert_array_equal(a, b)
 
 
+def test_bfloat16_packs_are_read_back_exactly(tmp_path):
+    keras.config.set_dtype_policy("bfloat16")  # reset after each test
+    lm = build(seed=4)
+    layout = VariableLayout(lm)
+    assert any(name.startswith("bfloat16_") for name in layout.packed)
+    directory = written(tmp_path, lm)
+    other = build(seed=5)
+    restore_variables(directory, other)
+    for a, b in zip(state_of(other), state_of(lm)):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
 def test_a_checkpoint_of_another_shape_is_refused(tmp_path, lm):
     directory = written(tmp_path, lm)
     with pytest.raises(ValueError, match=r"variable \d+ has shape \(64, "):
