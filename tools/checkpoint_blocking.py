@@ -7,10 +7,11 @@ built is checkpointed `--repeats` times each way, in this process:
 - h5 (0.1): `save_weights` of the model and optimizer state into
   `model.weights.h5`, its sha256 and an fsync: all on the training thread.
 - Orbax (now): `CheckpointWriter.save` until it returns: the small
-  variables are copied into one pack per dtype and the finite check of
-  every value is dispatched (one program); the large ones are Orbax's to
-  copy off the devices, on the training thread; when there are none (every
-  value written is a copy), Orbax's own setup runs on a writer thread.
+  variables are copied into one pack per dtype and checked by one program,
+  the check of the large ones is dispatched too; the large ones are Orbax's
+  to copy off the devices, on the training thread; when there are none
+  (every value written is a copy), Orbax's own setup runs on a writer
+  thread.
   Then, apart, the time until the write is committed. Also apart: the
   synchronous finite check that a multi-process job runs before its save.
 
