@@ -478,8 +478,10 @@ class CheckpointWriter:
         what its write raised (e.g. an error of a full disk)."""
         step = self.pending_step
         try:
-            self._join_starter()
-            self._manager.wait_until_finished()
+            try:
+                self._join_starter()
+            finally:
+                self._manager.wait_until_finished()
         finally:
             self._pending = None
         if step is not None:
