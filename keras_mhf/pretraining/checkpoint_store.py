@@ -51,11 +51,10 @@ from keras_mhf.utils.files import write_json
 
 VARIABLES = "variables"  # the Orbax item holding the arrays
 PACKS = "packs"  # its group of packed small variables
-# Variables up to this size (and not split across devices) are packed: each
-# array costs Orbax ~0.1-0.2 ms on the training thread, and a model has
-# hundreds of small ones; packing copies them (~0.1 ms per MB on a CPU), so
-# larger ones are cheaper alone (at the 100M shape 1 MiB packs 281 of 476
-# variables, 36 MB; 4 MiB would pack 356, 213 MB).
+# Variables up to this size (and not split across devices) are packed: Orbax
+# pays a fixed cost per array on the training thread, and a model has
+# hundreds of small variables; packing copies them, so large ones are cheaper
+# alone (the choice is measured in docs/scaling.md).
 PACK_BYTES = 2**20
 STATE_FILE = "state.json"
 # Orbax's step metadata (commit time), rewritten at the commit, after
@@ -418,8 +417,7 @@ class CheckpointWriter:
         args = ocp.args.Composite(**{VARIABLES: ocp.args.StandardSave(tree)})
         if self._layout.copies and process_layout()[1] == 1:
             # Nothing the training touches is written: even Orbax's setup
-            # (milliseconds of Python per write) runs off the training
-            # thread. (A multi-process job starts it here: its barriers
+            # runs off the training thread. (A multi-process job starts it here: its barriers
             # must run in the same order on every process.)
             self._starter = threading.Thread(
                 target=self._start, args=(step, args), name="checkpoint"
@@ -431,7 +429,7 @@ class CheckpointWriter:
 
     def _start(self, step, args):
         # Lets the training thread have the GIL back first (else it waits
-        # up to the interpreter's switch interval, 5 ms, to return).
+        # up to the interpreter's switch interval to return).
         time.sleep(0)
         try:
             self._manager.save(step, args=args, force=True)
