@@ -45,7 +45,9 @@ ALIASES = {
 }
 # lm-eval's `target_delimiter` (the default, " ", for all ten tasks).
 DELIMITER = " "
-LETTERS = "ABCDE"
+# RACE's answer letters: its questions have 4 options, and lm-eval's race
+# task scores 4 (its `doc_to_choice`) and reads the letters A to D.
+RACE_LETTERS = ("A", "B", "C", "D")
 
 
 def json_object(line):
@@ -197,6 +199,21 @@ def _labelled(record, key, answer_key, strip=False):
         )
     texts = _strings(choices, "text")
     labels = choices["label"]
+    if not isinstance(labels, list) or not all(
+        isinstance(label, str) for label in labels
+    ):
+        raise ValueError(
+            f"'{key}.label' must be a list of strings, got {labels!r:.80}"
+        )
+    if len(labels) != len(texts):
+        raise ValueError(
+            f"{key!r} has {len(texts)} texts but {len(labels)} labels: "
+            "each answer needs its label"
+        )
+    if len(set(labels)) < len(labels):
+        raise ValueError(
+            f"{key!r} labels {labels} repeat a label: each answer needs its own"
+        )
     answer = _text(record, answer_key)
     answer = answer.lstrip() if strip else answer
     if answer not in labels:
@@ -290,24 +307,36 @@ def _race_problems(record):
         problems = [{k: record[k] for k in ("question", "options", "answer")}]
     if not isinstance(problems, list) or not problems:
         raise ValueError("'problems' must be a non-empty list")
-    for problem in problems:
+    for number, problem in enumerate(problems, 1):
         if not isinstance(problem, dict) or not _fields(
             problem, "question", "options", "answer"
         ):
             raise ValueError(
                 "each problem needs 'question', 'options' and 'answer'"
             )
-        _strings(problem, "options")
-        if problem["answer"] not in LETTERS[: len(problem["options"])]:
+        which = (
+            "the question"
+            if len(problems) == 1
+            else f"problem {number} of {len(problems)}"
+        )
+        options = _strings(problem, "options")
+        if len(options) != len(RACE_LETTERS):
             raise ValueError(
-                f"answer {problem['answer']!r} is not a letter among the "
-                f"{len(problem['options'])} options"
+                f"{which} has {len(options)} options; RACE questions have 4 "
+                "(A to D), and lm-eval's race task scores the first 4 only. "
+                "Give it 4 options, or write it as a {'query', 'choices', "
+                "'gold'} line to score all its options"
+            )
+        if problem["answer"] not in RACE_LETTERS:
+            raise ValueError(
+                f"the answer of {which} is {problem['answer']!r}, not one of "
+                "the letters A, B, C, D of its 4 options"
             )
     return problems
 
 
 def _race_answer(problem):
-    return problem["options"][LETTERS.index(problem["answer"])]
+    return problem["options"][RACE_LETTERS.index(problem["answer"])]
 
 
 def _race(record):
@@ -324,8 +353,8 @@ def _race(record):
     last = problems[-1]
     return {
         "query": text + last["question"],
-        "choices": [last["options"][i] for i in range(4)],
-        "gold": LETTERS.index(last["answer"]),
+        "choices": list(last["options"]),
+        "gold": RACE_LETTERS.index(last["answer"]),
     }
 
 
@@ -361,8 +390,19 @@ def _siqa_label(label):
 
 def _record(record):
     passage, query = _text(record, "passage"), _text(record, "query")
+    if "@placeholder" not in query:
+        raise ValueError(
+            "'query' has no '@placeholder': every entity would give the same "
+            "choice. Give the cloze query, with '@placeholder' where the "
+            "answer goes"
+        )
     entities = sorted(set(_strings(record, "entities", 1)))
     answers = sorted(set(_strings(record, "answers", 1)))
+    if not set(answers) & set(entities):
+        raise ValueError(
+            f"none of the 'answers' {answers!r:.80} is among the 'entities' "
+            "(the choices): no choice could be right"
+        )
     initial, *highlights = passage.strip().split("\n@highlight\n")
     text = initial + "\n\n" + "".join(f"  - {h}.\n" for h in highlights)
     return {

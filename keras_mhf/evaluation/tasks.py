@@ -329,7 +329,9 @@ def multiple_choice(
     highest log-likelihood per character of the choice, like lm-eval. Two
     rules, `progress`, `results` and `on_error` act as for `lambada` (bad
     lines: not JSON, in none of the task's formats, too few choices, a gold
-    label that is not one of them).
+    label that is not one of them, labels that do not match the choices'
+    texts, a RACE question without 4 options, a ReCoRD query without
+    `@placeholder`).
 
     Returns:
         `(metrics, per_example)`.

@@ -14,6 +14,7 @@ import pytest
 
 from keras_mhf.evaluation import task_formats
 from keras_mhf.evaluation.tasks import TaskFileError
+from keras_mhf.evaluation.tasks import TaskFileWarning
 from keras_mhf.evaluation.tasks import read_task_file
 from tests.evaluation.harness_rows import LM_EVAL_TASKS
 from tests.evaluation.harness_rows import ROWS
@@ -204,3 +205,110 @@ def test_every_task_reads_a_file_of_its_rows(tmp_path):
         )["em"],
         1.0,
     )
+
+
+def _race_row(*options_and_answers):
+    """An EleutherAI/race row of one problem per `(options, answer)`."""
+    return {
+        "article": "Tom has a dog.",
+        "problems": str(
+            [
+                {"question": f"Question {i}?", "options": o, "answer": a}
+                for i, (o, a) in enumerate(options_and_answers)
+            ]
+        ),
+    }
+
+
+FOUR = ["a", "b", "c", "d"]
+FIVE = ["a", "b", "c", "d", "e"]
+
+
+@pytest.mark.parametrize(
+    "name, row, problem",
+    [
+        ("race", _race_row((FIVE, "E")), "the question has 5 options; RACE"),
+        ("race", _race_row((FIVE, "A")), "the question has 5 options"),
+        (
+            "race",
+            _race_row((FOUR, "A"), (FIVE, "B")),
+            "problem 2 of 2 has 5 options",
+        ),
+        (
+            "race",
+            {"article": "a", "question": "q", "options": FIVE, "answer": "E"},
+            "has 5 options.*'query', 'choices', 'gold'",
+        ),
+        ("race", _race_row((["a", "b", "c"], "A")), "has 3 options; RACE"),
+        ("race", _race_row((FOUR, "")), "answer of the question is ''"),
+        ("race", _race_row((FOUR, "AB")), "is 'AB', not one of the letters"),
+        (
+            "arc_easy",
+            dict(
+                ROWS["arc_easy"][0],
+                choices={"text": FOUR, "label": list("ABCDE")},
+                answerKey="E",
+            ),
+            "'choices' has 4 texts but 5 labels",
+        ),
+        (
+            "openbookqa",
+            dict(
+                ROWS["openbookqa"][1],
+                choices={"text": FOUR, "label": list("ABC")},
+            ),
+            "'choices' has 4 texts but 3 labels",
+        ),
+        (
+            "arc_easy",
+            dict(
+                ROWS["arc_easy"][0],
+                choices={"text": FOUR, "label": list("ABBD")},
+            ),
+            "repeat a label",
+        ),
+        (
+            "arc_easy",
+            dict(ROWS["arc_easy"][0], choices={"text": FOUR, "label": "ABCD"}),
+            "'choices.label' must be a list of strings",
+        ),
+        (
+            "record",
+            dict(ROWS["record"][0], query="The athletes celebrated."),
+            "'query' has no '@placeholder'",
+        ),
+        (
+            "record",
+            dict(ROWS["record"][0], answers=["Spain"]),
+            "none of the 'answers' .* is among the 'entities'",
+        ),
+    ],
+)
+def test_a_row_whose_gold_is_not_among_its_scored_choices_is_refused(
+    tmp_path, name, row, problem
+):
+    """Nothing silent: a row whose gold is not one of the choices scored,
+    whose labels and texts disagree, or whose choices would all be the same
+    is refused naming `file:line` (never an `IndexError`), and with
+    `on_error="skip"` is left out and counted, never scored."""
+    good = json.dumps(ROWS[name][0])
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text(f"{good}\n{json.dumps(row)}\n{good}\n")
+    parse = task_formats.task_parser(name)
+    with pytest.raises(TaskFileError, match=f"{name}.jsonl:2: .*{problem}"):
+        read_task_file(str(path), parse)
+    with pytest.warns(TaskFileWarning, match=f"{name}.jsonl:2: .*left out"):
+        docs, skipped = read_task_file(str(path), parse, on_error="skip")
+    assert skipped == 1 and docs == [parse(good)] * 2
+
+
+def test_lm_evals_race_scores_four_options_and_reads_a_to_d_only():
+    """Why a RACE question without 4 options is refused: lm-eval's race task
+    scores the first 4 options whatever their number, and fails on the
+    answer "E" (it knows the letters A to D only)."""
+    from lm_eval.tasks.race import preprocess_race
+
+    doc = _race_row((FIVE, "B"))
+    assert preprocess_race.doc_to_choice(doc) == FOUR
+    with pytest.raises(KeyError, match="E"):
+        preprocess_race.doc_to_target(_race_row((FIVE, "E")))
