@@ -8,8 +8,10 @@ The file, one JSON object per line:
 - a header: `{"format": "keras_mhf.evaluation_results", "format_version": 1,
   "settings": {...}}`: what was evaluated (the preset's weights sha256, the
   settings that change the numbers). A rerun with other settings is refused.
-- per task and file, when the task starts: `{"task", "file", "sha256"}`. A
-  rerun whose task file changed since is refused.
+- per task and file, before its first record: `{"task", "file", "sha256"}`.
+  A rerun whose task file changed since is refused; a task file refused
+  before any of it was recorded (a bad line) leaves no line, so the rerun on
+  the corrected file evaluates it.
 - per example (perplexity: per block), as soon as it is scored:
   `{"task", "file", "index", ...}`.
 - per task and file, when it ends: `{"task", "file", "metrics"}`. A rerun
@@ -167,7 +169,10 @@ class EvaluationResults:
 
     def task(self, task, file):
         """The results of `task` on `file` (a `TaskResults`). The file's
-        sha256 is recorded the first time and checked on a rerun.
+        sha256 is written before its first record (or its metrics) and
+        checked on a rerun: a file that changed since results of it were
+        recorded is refused; one of which nothing was recorded (its task
+        stopped on a bad line) is evaluated anew.
 
         Args:
             task: the task's name (`"lambada"`, ...).
@@ -179,17 +184,15 @@ class EvaluationResults:
             "file": str(file),
             "sha256": file_sha256(file),
         }
-        if entry["header"] is None:
-            self._write(header)
-            entry["header"] = header
-        elif entry["header"] != header:
+        recorded = entry["done"] or entry["metrics"] is not None
+        if entry["header"] not in (None, header) and recorded:
             raise ValueError(
                 f"{file} changed since {self.path} recorded its {task} "
                 f"results (sha256 {entry['header']['sha256'][:12]}..., now "
                 f"{header['sha256'][:12]}...). Use another --output to "
                 "evaluate the new file."
             )
-        return TaskResults(self, task, str(file), entry)
+        return TaskResults(self, task, str(file), entry, header)
 
 
 def _is_record(line):
@@ -215,9 +218,9 @@ class TaskResults:
     record, from this run and earlier ones), `metrics` (set when the task
     finished), `add` and `finish`."""
 
-    def __init__(self, results, task, file, entry):
+    def __init__(self, results, task, file, entry, header):
         self._results, self.task, self.file = results, task, file
-        self._entry = entry
+        self._entry, self._header = entry, header
 
     @property
     def done(self):
@@ -231,12 +234,17 @@ class TaskResults:
         """Appends example `index`'s record (a dict of JSON values)."""
         line = {"task": self.task, "file": self.file, "index": int(index)}
         line.update(record)
-        self._results._write(line)
+        self._write(line)
         self._entry["done"][int(index)] = line
 
     def finish(self, metrics):
         """Records the task's metrics: a rerun reads them back."""
-        self._results._write(
-            {"task": self.task, "file": self.file, "metrics": metrics}
-        )
+        self._write({"task": self.task, "file": self.file, "metrics": metrics})
         self._entry["metrics"] = metrics
+
+    def _write(self, line):
+        """Writes `line`, after the task file's sha256 the first time."""
+        if self._entry["header"] != self._header:
+            self._results._write(self._header)
+            self._entry["header"] = self._header
+        self._results._write(line)

@@ -496,3 +496,33 @@ def test_card660_results_stream_and_resume(tiny_lm, tmp_path, monkeypatch):
         np.testing.assert_allclose(
             resumed[f"rare_words:{path}"][name], value, rtol=1e-5
         )
+
+
+def test_a_refused_task_file_leaves_nothing_that_stops_the_corrected_rerun(
+    tiny_lm, tmp_path
+):
+    """A task file refused before anything of it was scored leaves no trace
+    in the results file: the rerun on the corrected file evaluates it (and
+    the tasks finished before it are read back, not refused)."""
+    preset = str(tmp_path / "preset")
+    tiny_lm.save_to_preset(preset)
+    lambada, _ = _task_files(tmp_path)
+    piqa = tmp_path / "piqa.jsonl"
+    good = {"goal": "Boil water", "sol1": "Heat it.", "sol2": "Cool it."}
+    piqa.write_text(json.dumps(dict(good, label=2)) + "\n")
+    output = tmp_path / "results.jsonl"
+    kwargs = dict(
+        lambada_files=[lambada],
+        tasks=[("piqa", str(piqa))],
+        batch_size=2,
+        output=str(output),
+    )
+    with pytest.raises(evaluation.TaskFileError, match="piqa.jsonl:1: "):
+        evaluation.evaluate_preset(preset, **kwargs)
+    piqa.write_text(json.dumps(dict(good, label=0)) + "\n")
+    results = evaluation.evaluate_preset(preset, **kwargs)
+    assert results[f"piqa:{piqa}"]["examples"] == 1
+    assert results[f"lambada:{lambada}"]["examples"] == 5
+    lines = [json.loads(line) for line in output.read_text().splitlines()]
+    headers = [x for x in lines[1:] if "sha256" in x]
+    assert [x["task"] for x in headers] == ["lambada", "piqa"]

@@ -158,3 +158,31 @@ def test_no_nan_is_written_to_a_results_file(tmp_path):
         with pytest.raises(ValueError, match="Out of range float"):
             task.finish({"acc": float("nan")})
     assert "NaN" not in path.read_text()
+
+
+def test_a_task_file_is_recorded_with_its_first_result_only(tmp_path):
+    """Opening a task writes nothing: a task refused before its first
+    record leaves no sha256 behind, and one left by an earlier run with no
+    record after it does not stop the corrected file either; a file
+    changed after results of it were recorded is refused."""
+    path = tmp_path / "results.jsonl"
+    task_file = write(tmp_path, "l.jsonl", "not json")
+    with EvaluationResults.open(str(path), {"preset": "p"}) as results:
+        results.task("lambada", task_file)
+    assert len(path.read_text().splitlines()) == 1
+    # A results file whose last run stopped right after writing the sha256.
+    with open(path, "a") as f:
+        f.write(
+            json.dumps({"task": "lambada", "file": task_file, "sha256": "0"})
+            + "\n"
+        )
+    write(tmp_path, "l.jsonl", GOOD_LAMBADA)
+    with EvaluationResults.open(str(path), {"preset": "p"}) as results:
+        task = results.task("lambada", task_file)
+        task.add(0, {"loglikelihood": -1.0, "correct": True})
+    with EvaluationResults.open(str(path), {"preset": "p"}) as results:
+        assert list(results.task("lambada", task_file).done) == [0]
+    write(tmp_path, "l.jsonl", GOOD_LAMBADA, GOOD_LAMBADA)
+    with pytest.raises(ValueError, match="l.jsonl changed since"):
+        with EvaluationResults.open(str(path), {"preset": "p"}) as results:
+            results.task("lambada", task_file)
