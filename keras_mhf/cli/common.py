@@ -19,16 +19,58 @@ class HelpFormatter(
         return super()._get_help_string(action)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser: once its arguments parse, it loads the package
+    (Keras, and TensorFlow through KerasHub; `keras_mhf._load`), with the
+    start-up lines that mean nothing dropped. `--help` and a bad argument
+    answer before that, in well under a second."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed = super().parse_known_args(args, namespace)
+        import keras_mhf
+
+        keras_mhf._load()
+        return parsed
+
+
 def parser_from_doc(doc, prog=None):
-    """An `ArgumentParser` whose description is the module docstring's first
+    """A `CommandParser` whose description is the module docstring's first
     paragraph and whose epilog is the rest after the usage examples."""
     parts = doc.split("\n\n", 2)
-    return argparse.ArgumentParser(
+    return CommandParser(
         prog=prog,
         description=parts[0],
         epilog=parts[2] if len(parts) > 2 else None,
         formatter_class=HelpFormatter,
     )
+
+
+def preset_directory(path):
+    """`--preset`'s type: a directory holding `config.json` (a KerasHub
+    preset, e.g. `runs/mhf/preset`, or a Hugging Face export); anything
+    else is a usage error (exit status 2) that says what is expected."""
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        where = (
+            "is not a directory"
+            if not os.path.isdir(path)
+            else ("has no config.json")
+        )
+        raise argparse.ArgumentTypeError(
+            f"{path!r} {where}; give a preset directory, e.g. runs/mhf/preset "
+            "(written by keras-mhf pretrain or finetune) or a Hugging Face "
+            "export"
+        )
+    return path
+
+
+def refuse_existing_output(parser, args):
+    """A usage error (exit status 2) when `--output` exists and
+    `--overwrite` was not given."""
+    if os.path.exists(args.output) and not args.overwrite:
+        parser.error(
+            f"{args.output} exists; pass --overwrite to replace it or choose "
+            "a new --output."
+        )
 
 
 def one_path_or_list(values):

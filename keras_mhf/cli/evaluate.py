@@ -36,12 +36,16 @@ import os
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
+from keras_mhf.cli.common import preset_directory  # noqa: E402
 
 
 def build_parser(prog=None):
     p = parser_from_doc(__doc__, prog)
     p.add_argument(
-        "--preset", required=True, help="preset directory (MHF or Standard)"
+        "--preset",
+        required=True,
+        type=preset_directory,
+        help="preset directory (MHF or Standard)",
     )
     p.add_argument(
         "--perplexity", nargs="*", default=[], help="held-out .txt/.jsonl files"
@@ -135,6 +139,17 @@ def _task(parser, value):
 def main(argv=None, prog=None):
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if not (
+        args.perplexity
+        or args.lambada
+        or args.multiple_choice
+        or args.card660
+        or args.task
+    ):
+        parser.error(
+            "nothing to evaluate: give --perplexity, --lambada, "
+            "--multiple-choice, --card660 or --task files."
+        )
     from keras_mhf.evaluation import evaluate_preset
 
     tasks = [_task(parser, value) for value in args.task]

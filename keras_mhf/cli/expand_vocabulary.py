@@ -25,12 +25,17 @@ import os
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
+from keras_mhf.cli.common import preset_directory  # noqa: E402
+from keras_mhf.cli.common import refuse_existing_output  # noqa: E402
 
 
 def build_parser(prog=None):
     p = parser_from_doc(__doc__, prog)
     p.add_argument(
-        "--preset", required=True, help="the MHF or Standard preset to expand"
+        "--preset",
+        required=True,
+        type=preset_directory,
+        help="the MHF or Standard preset to expand",
     )
     new = p.add_mutually_exclusive_group(required=True)
     new.add_argument(
@@ -114,11 +119,7 @@ def expand_preset(preset, output, tokenizer=None, tokens=None):
 def main(argv=None, prog=None):
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if os.path.exists(args.output) and not args.overwrite:
-        parser.error(
-            f"{args.output} exists; pass --overwrite to replace it or choose "
-            "another --output."
-        )
+    refuse_existing_output(parser, args)
     tokens = None
     if args.tokens is not None:
         tokens = read_tokens(args.tokens)

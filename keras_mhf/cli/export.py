@@ -27,11 +27,18 @@ it); the Standard baseline as a stock `Qwen3ForCausalLM`
 """
 
 from keras_mhf.cli.common import parser_from_doc
+from keras_mhf.cli.common import preset_directory
+from keras_mhf.cli.common import refuse_existing_output
 
 
 def main(argv=None, prog=None):
     parser = parser_from_doc(__doc__, prog)
-    parser.add_argument("--preset", required=True, help="preset directory")
+    parser.add_argument(
+        "--preset",
+        required=True,
+        type=preset_directory,
+        help="preset directory",
+    )
     parser.add_argument("--output", required=True, help="directory to write")
     parser.add_argument(
         "--format",
@@ -51,6 +58,7 @@ def main(argv=None, prog=None):
     args = parser.parse_args(argv)
     if args.ids_only and args.format != "saved_model":
         parser.error("--ids-only applies to --format saved_model only")
+    refuse_existing_output(parser, args)
     import keras_hub
 
     # Importing keras_mhf registers its classes for from_preset.

@@ -32,15 +32,20 @@ import json
 from keras_mhf.cli.common import add_training_options
 from keras_mhf.cli.common import one_path_or_list
 from keras_mhf.cli.common import parser_from_doc
+from keras_mhf.cli.common import preset_directory
 from keras_mhf.cli.common import run_reporting_errors
 from keras_mhf.cli.common import training_settings
+from keras_mhf.utils.training_defaults import FINETUNE_DEFAULTS
 
 
 def build_parser(prog=None):
-    from keras_mhf.pretraining import FINETUNE_DEFAULTS as D
-
     p = parser_from_doc(__doc__, prog)
-    p.add_argument("--preset", required=True, help="MHF or Standard preset")
+    p.add_argument(
+        "--preset",
+        required=True,
+        type=preset_directory,
+        help="MHF or Standard preset",
+    )
     p.add_argument(
         "--data",
         required=True,
@@ -61,7 +66,7 @@ def build_parser(prog=None):
         action="store_true",
         help="also train the hash tables (MHF) / token embedding (Standard)",
     )
-    add_training_options(p, D)
+    add_training_options(p, FINETUNE_DEFAULTS)
     return p
 
 

@@ -28,9 +28,7 @@ signature table it holds.
 import json
 
 from keras_mhf.cli.common import parser_from_doc
-from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
-    count_parameters,
-)
+from keras_mhf.cli.common import preset_directory
 
 PAPER = [
     "100m",
@@ -94,6 +92,7 @@ def main(argv=None, prog=None):
     parser.add_argument(
         "--preset",
         default=None,
+        type=preset_directory,
         metavar="DIR",
         help="inspect this saved model (a preset directory) instead",
     )
@@ -106,6 +105,10 @@ def main(argv=None, prog=None):
         return print_signatures(args)
     if args.bytes:
         return print_bytes(args)
+    from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
+        count_parameters,
+    )
+
     print(
         f"{'architecture':<16}{'embedding':>14}{'decoder':>12}{'trunk':>16}{'total':>16}"
     )

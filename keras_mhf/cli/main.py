@@ -9,6 +9,7 @@ unexpected error.
 """
 
 import importlib
+import logging
 import os
 import sys
 
@@ -71,6 +72,10 @@ def main(argv=None):
             f"{', '.join(COMMANDS)} (keras-mhf --help lists them).\n"
         )
         return 2
+    if os.environ.get("KERAS_MHF_TRACEBACK") != "1":
+        # Libraries' own error logs (Orbax's through absl, with tracebacks
+        # from its writer threads) would bury the one line below.
+        logging.getLogger("absl").setLevel(logging.CRITICAL)
     module = importlib.import_module(f"keras_mhf.cli.{COMMANDS[name][0]}")
     prog = f"keras-mhf {name}"
     try:

@@ -50,16 +50,7 @@ from keras_mhf.cli.common import one_path_or_list  # noqa: E402
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
 from keras_mhf.cli.common import run_reporting_errors
 from keras_mhf.cli.common import training_settings  # noqa: E402
-
-# The defaults of the options `add_training_options` adds.
-PRETRAIN_DEFAULTS = dict(
-    steps=300,
-    learning_rate=2e-3,
-    warmup_steps=30,
-    weight_decay=0.1,
-    validation_fraction=0.05,
-    checkpoint_every=50,
-)
+from keras_mhf.utils.training_defaults import PRETRAIN_DEFAULTS  # noqa: E402
 
 
 def build_parser(prog=None):

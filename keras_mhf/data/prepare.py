@@ -61,9 +61,9 @@ from keras_mhf.data.prepared_corpus import SPLITS
 from keras_mhf.data.prepared_corpus import STATE_FILE
 from keras_mhf.data.prepared_corpus import read_index
 from keras_mhf.utils import hooks
+from keras_mhf.utils.arguments import check_positive_ints
 from keras_mhf.utils.files import read_json
 from keras_mhf.utils.files import write_json
-from keras_mhf.utils.keras_utils import check_positive_ints
 from keras_mhf.utils.output_lock import LOCK_FILE
 from keras_mhf.utils.output_lock import output_lock
 from keras_mhf.utils.progress import Progress
@@ -455,14 +455,20 @@ def _split_sizes_error(totals, fraction, validation_inputs, skipped):
             f"The training split is empty: the corpus has {documents} {plural} "
             f"and validation_fraction={fraction} put all of them in the "
             "validation split; pass separate validation data (--validation "
-            "FILE) or use more documents."
+            f"FILE to keras-mhf prepare, {_VALIDATION_DATA}) or use more "
+            "documents."
         )
     return ValueError(
         f"The validation split is empty: the corpus has {documents} {plural} "
         f"and validation_fraction={fraction} held out none of them; pass "
-        "separate validation data (--validation FILE) or a larger "
-        "--validation-fraction."
+        "separate validation data (--validation FILE to keras-mhf prepare, "
+        f"{_VALIDATION_DATA}) or a larger --validation-fraction."
     )
+
+
+# How `keras-mhf pretrain` and `finetune` (which prepare raw text through
+# `prepare_data`) take separate validation text.
+_VALIDATION_DATA = "--validation-data FILE to pretrain and finetune"
 
 
 def prepare_data(

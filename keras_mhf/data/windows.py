@@ -12,7 +12,7 @@ of `P` reads rows `[p * b, (p + 1) * b)` of every global batch,
 `b = batch_size // P`.
 
 Numpy only (arguments are checked with
-`keras_mhf.utils.keras_utils.check_positive_ints`), except that
+`keras_mhf.utils.arguments.check_positive_ints`), except that
 `window_dataset` imports `grain` to return a `grain.MapDataset`.
 
 Example:
@@ -34,7 +34,7 @@ import numpy as np
 
 from keras_mhf.data.packing import blocks_to_features
 from keras_mhf.data.prepared_corpus import PreparedCorpus
-from keras_mhf.utils.keras_utils import check_positive_ints
+from keras_mhf.utils.arguments import check_positive_ints
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)

@@ -31,7 +31,7 @@ without reading them (`tf.data` element specs) or on their first batch
 import numpy as np
 from keras import ops
 
-from keras_mhf.utils.keras_utils import check_positive_ints
+from keras_mhf.utils.arguments import check_positive_ints
 from keras_mhf.utils.token_ids import check_feature_ids
 from keras_mhf.utils.token_ids import check_token_ids
 from keras_mhf.utils.token_ids import checked_dataset

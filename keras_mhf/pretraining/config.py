@@ -24,6 +24,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     parse_architecture,
 )
 from keras_mhf.pretraining.errors import RunConfigError
+from keras_mhf.utils.files import absolute_paths
 
 MODELS = ("mhf", "standard")
 SIGNATURE_RULES = ("unique", "reference", "repeated")
@@ -134,6 +135,22 @@ class RunConfig:
     initial_preset: str = None
     lora_rank: int = None
     train_tables: bool = False
+
+    # Paths a user gives, made absolute once here (the API's entry, which
+    # the command line goes through too): a run's files, Orbax's
+    # checkpoints and a resume from another directory then all mean the
+    # same place.
+    def __post_init__(self):
+        for name in (
+            "data",
+            "output_dir",
+            "tokenizer",
+            "validation_data",
+            "initial_preset",
+        ):
+            setattr(self, name, absolute_paths(getattr(self, name)))
+        if self.compilation_cache not in (None, "", "auto", "none"):
+            self.compilation_cache = absolute_paths(self.compilation_cache)
 
     @property
     def chunks(self):

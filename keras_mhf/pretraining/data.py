@@ -243,6 +243,22 @@ def _recorded(corpus):
     return corpus.index["tokenizer"].get("path") or "path not recorded"
 
 
+def _check_trained_tokenizer(config, path):
+    """A rerun on raw text reuses the tokenizer its first run trained into
+    `OUTPUT/tokenizer.model`; one asking for another vocabulary size is
+    refused (its run would silently train with the old tokenizer)."""
+    import sentencepiece as spm
+
+    pieces = spm.SentencePieceProcessor(model_file=path).get_piece_size()
+    if pieces != config.vocabulary_size:
+        raise RunConfigError(
+            f"{config.output_dir} holds a {pieces}-piece tokenizer trained by "
+            f"its first run ({path}), and --vocabulary-size is "
+            f"{config.vocabulary_size}; rerun with --vocabulary-size "
+            f"{pieces} to resume that run, or use a new --output."
+        )
+
+
 def _prepare_raw_text(config):
     """Prepares raw text into `OUTPUT/data/` (a no-op that only checks the
     inputs when a complete prepared corpus is already there) and returns
@@ -261,7 +277,9 @@ def _prepare_raw_text(config):
     tokenizer_path = config.tokenizer
     if tokenizer_path is None:
         tokenizer_path = config.path("tokenizer.model")
-        if not os.path.exists(tokenizer_path):
+        if os.path.exists(tokenizer_path):
+            _check_trained_tokenizer(config, tokenizer_path)
+        else:
             if config.verbose:
                 print(
                     f"Training a {config.vocabulary_size}-piece tokenizer on "

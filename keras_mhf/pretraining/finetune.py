@@ -23,16 +23,8 @@ import os
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.run import pretrain
 from keras_mhf.utils.files import write_json
+from keras_mhf.utils.training_defaults import FINETUNE_DEFAULTS
 
-# Fine-tuning defaults (pretrain's own are for training from scratch).
-FINETUNE_DEFAULTS = dict(
-    steps=100,
-    learning_rate=1e-3,
-    warmup_steps=10,
-    weight_decay=0.0,
-    checkpoint_every=25,
-    validation_fraction=0.1,
-)
 ADAPTER_FILE = "adapter.lora.h5"
 
 

@@ -7,6 +7,7 @@ on their own (e.g. by `recipes/expand_vocabulary.py`).
 """
 
 import math
+import sys
 
 import keras
 import numpy as np
@@ -26,6 +27,7 @@ from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.presets import load_initial_model
 from keras_mhf.utils import hooks
+from keras_mhf.utils.progress import Progress
 
 
 def make_optimizer(
@@ -183,6 +185,34 @@ def build_run_model(config, tokenizer):
     return lm
 
 
+class StepProgress(keras.callbacks.Callback):
+    """Training progress for output that is not a terminal (a log file, a
+    pipe, CI): `Progress`'s plain line every 10 s and one at the end, in
+    place of Keras' per-step progress bar (`\\r` and colour codes).
+
+    Args:
+        progress: the `Progress` to update with the batches done.
+
+    Example:
+
+    ```python
+    lm.fit(dataset, verbose=0, callbacks=[
+        StepProgress(Progress("steps 1-50 of 300", 50, "steps", True))
+    ])
+    ```
+    """
+
+    def __init__(self, progress):
+        super().__init__()
+        self.progress = progress
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.progress.update(batch + 1)
+
+    def on_train_end(self, logs=None):
+        self.progress.close()
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stops `fit` after the first batch whose training loss is NaN or
     infinite and records its global step (like Keras' `TerminateOnNaN`).
@@ -285,6 +315,14 @@ def train_chunk(config, lm, data, first, last):
         process_count=process_count,
     ).to_iter_dataset(loader_options())
     guard = StopOnNonFiniteLoss(first)
+    callbacks = [guard]
+    verbose = config.verbose if is_primary() else 0
+    if verbose and not sys.stdout.isatty():
+        # Keras' bar rewrites one line per step: lines, not the bar, in logs.
+        label = f"steps {first + 1}-{last} of {config.steps}"
+        progress = Progress(label, last - first, "steps", enabled=True)
+        callbacks.append(StepProgress(progress))
+        verbose = 0
     preprocessor = lm.preprocessor
     lm.preprocessor = None  # the dataset yields token ids
     try:
@@ -293,8 +331,8 @@ def train_chunk(config, lm, data, first, last):
             epochs=1,
             steps_per_epoch=last - first,
             shuffle=False,
-            verbose=config.verbose if is_primary() else 0,
-            callbacks=[guard],
+            verbose=verbose,
+            callbacks=callbacks,
         )
     finally:
         lm.preprocessor = preprocessor

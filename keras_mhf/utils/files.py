@@ -23,6 +23,38 @@ import json
 import os
 
 
+def absolute_path(path):
+    """A path a user gave (`str` or `os.PathLike`, `~` allowed) as an
+    absolute `str`, resolved once against the current directory at the
+    API's entry, so that a relative path means the same wherever it is used
+    later (Orbax, for one, refuses relative paths). `None`, `""` and values
+    that are not paths (e.g. `"auto"` settings) are the caller's to keep.
+
+    Example:
+
+    >>> absolute_path("/runs/../runs/mhf")
+    '/runs/mhf'
+    """
+    return os.path.abspath(os.path.expanduser(os.fspath(path)))
+
+
+def absolute_paths(value):
+    """`absolute_path` of a path or of each path of a list or tuple (e.g. a
+    corpus given as several files or glob patterns); `None` and empty
+    values are returned unchanged.
+
+    Example:
+
+    >>> absolute_paths(["/a/./b.txt", "/c/*.jsonl"])
+    ['/a/b.txt', '/c/*.jsonl']
+    """
+    if isinstance(value, (list, tuple)):
+        return [absolute_paths(v) for v in value]
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return absolute_path(value)
+    return value
+
+
 def file_sha256(path):
     """The sha256 hex digest of a file, read in 1 MiB blocks.
 

@@ -111,17 +111,6 @@ def check_known_kwargs(owner, kwargs, known, allowed=MODEL_KWARGS):
     )
 
 
-def check_positive_ints(owner, **values):
-    """Raises a clear `ValueError` unless every value is an int >= 1."""
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise ValueError(
-                f"{owner}: `{name}` must be an int; got {value!r}."
-            )
-        if value < 1:
-            raise ValueError(f"{owner}: `{name}` must be >= 1; got {value}.")
-
-
 def check_temperature(value):
     """A scoring temperature: a finite float > 0 (else a clear error)."""
     try:

@@ -4,12 +4,15 @@ subcommand on a tiny model. The subcommands wrap the library functions that
 the other test modules check on every backend, so these run once, under
 JAX (`ONCE_PER_SUITE` in conftest.py)."""
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,51 +105,108 @@ def _parser_of(module, capsys):
 
 
 def test_an_unexpected_error_is_one_line(capsys, tmp_path):
-    missing = tmp_path / "no_such_preset"
-    status, _, err = run_cli(["inspect", "--preset", missing], capsys)
+    broken = tmp_path / "broken_preset"
+    broken.mkdir()
+    (broken / "config.json").write_text("{")
+    status, _, err = run_cli(["inspect", "--preset", broken], capsys)
     assert status == 1
     assert len(err.strip().splitlines()) == 1
     assert err.startswith("keras-mhf inspect: error: ")
 
 
+@pytest.mark.parametrize(
+    "command",
+    ["evaluate", "export", "finetune", "expand-vocabulary", "inspect"],
+)
+def test_a_missing_preset_is_a_usage_error_that_says_what_to_give(
+    command, capsys
+):
+    status, _, err = run_cli([command, "--preset", "missing"], capsys)
+    assert status == 2
+    assert (
+        "argument --preset: 'missing' is not a directory; give a preset "
+        "directory, e.g. runs/mhf/preset"
+    ) in err
+
+
+LIGHT_CHILD = """
+import sys
+sys.argv = ["keras-mhf"]  # the console script's name: the command line
+from keras_mhf.cli import main
+for argv in (["--help"], *([name, "--help"] for name in main.COMMANDS)):
+    try:
+        main.main(argv)
+    except SystemExit:
+        pass
+print(sorted(m for m in ("keras", "tensorflow", "jax", "torch") if m in sys.modules))
+"""
+
+
+def test_help_loads_no_backend():
+    """`keras-mhf --help` and every `keras-mhf COMMAND --help` answer before
+    Keras and TensorFlow are imported (the package loads once a command's
+    arguments parse)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LIGHT_CHILD], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[]"
+    assert done.stderr == ""
+
+
+def test_a_command_prints_no_tensorflow_start_up_lines():
+    if shutil.which("keras-mhf") is None:
+        pytest.skip("the keras-mhf console script is not installed")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CPP_MIN_LOG_LEVEL", "KERAS_MHF_QUIET_STARTUP")
+    }
+    done = subprocess.run(
+        ["keras-mhf", "inspect", "--bytes", "tiny_h3b64"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tiny_h3b64" in done.stdout
+    assert done.stderr == ""
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """`(root, preset)`: `keras-mhf prepare` then `keras-mhf pretrain` of a
-    tiny MultiHashFormer, once for the module."""
+    tiny MultiHashFormer, once for the module. The module's tests run in
+    `root` and give the commands paths relative to it, as a user types
+    them (`root` and `preset` are relative paths too)."""
     root = tmp_path_factory.mktemp("cli")
-    documents = write_documents(root / "docs.jsonl", count=120)
-    tokenizer = write_tokenizer(root / "small.model")
-    prepared = root / "prepared"
-    assert (
-        cli.main(
-            [
-                "prepare",
-                "--tokenizer",
-                tokenizer,
-                "--output",
-                str(prepared),
-                "--validation-fraction",
-                "0.2",
-                "--workers",
-                "1",
-                "--quiet",
-                documents,
-            ]
-        )
-        == 0
-    )
-    assert (prepared / "index.json").exists()
-    settings = dict(RUN, steps=2, checkpoint_every=2, validation_blocks=16)
-    output = root / "run"
-    assert (
-        cli.main(
-            ["pretrain", "--data", str(prepared), "--output", str(output)]
-            + ["--compilation-cache", "none"]
-            + run_flags(settings)
-        )
-        == 0
-    )
-    return root, output / "preset"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        write_documents(root / "docs.jsonl", count=120)
+        write_tokenizer(root / "small.model")
+        settings = dict(RUN, steps=2, checkpoint_every=2, validation_blocks=16)
+        settings["verbose"] = 1  # progress on: lines, as output is no terminal
+        out = io.StringIO()  # not a terminal: lines, not a progress bar
+        with contextlib.redirect_stdout(out):
+            assert (
+                cli.main(
+                    ["prepare", "--tokenizer", "small.model"]
+                    + ["--output", "prepared", "--validation-fraction", "0.2"]
+                    + ["--workers", "1", "--quiet", "docs.jsonl"]
+                )
+                == 0
+            )
+            assert (
+                cli.main(
+                    ["pretrain", "--data", "prepared", "--output", "run"]
+                    + ["--compilation-cache", "none"]
+                    + run_flags(settings)
+                )
+                == 0
+            )
+        assert "\r" not in out.getvalue() and "\x1b[" not in out.getvalue()
+        assert "Steps 1-2 of 2" in out.getvalue()
+        yield Path("."), Path("run") / "preset"
 
 
 def test_pretrain_writes_a_preset(trained):
@@ -204,6 +264,9 @@ def test_evaluate_a_preset(trained, capsys):
         "scoring_temperature",
     }
     assert set(piqa_metrics["paper_rule"]) == {"acc", "acc_norm"}
+    status, out, err = run_cli(["evaluate", "--preset", preset], capsys)
+    assert status == 2 and out == ""
+    assert "nothing to evaluate: give --perplexity, --lambada" in err
     for bad in ("winogrande=x.jsonl", "piqa"):
         status, _, err = run_cli(
             ["evaluate", "--preset", preset, "--task", bad], capsys
@@ -242,7 +305,7 @@ def test_evaluate_errors_are_one_line(trained, capsys):
             capsys,
         )
     assert status == 1 and len(err.strip().splitlines()) == 1
-    assert f"OutputLockedError: {results} is being written by" in err
+    assert f"OutputLockedError: {results.resolve()} is being written by" in err
 
 
 def test_finetune_a_preset(trained, capsys):
@@ -292,16 +355,20 @@ def test_expand_vocabulary_of_a_preset(trained, capsys):
     assert status == 2 and "--overwrite" in err
 
 
-def test_export_a_preset(trained, capsys, tmp_path):
+def test_export_a_preset(trained, capsys):
     _, preset = trained
+    command = ["export", "--preset", preset, "--format", "transformers"]
+    status, _, err = run_cli(command + ["--output", "hf"], capsys)
+    assert status == 0, err
+    config = json.loads(Path("hf", "config.json").read_text())
+    assert config["num_hashes"] == 3
+    status, _, err = run_cli(command + ["--output", "hf"], capsys)
+    assert status == 2
+    assert "hf exists; pass --overwrite to replace it" in err
     status, _, err = run_cli(
-        ["export", "--preset", preset, "--format", "transformers"]
-        + ["--output", tmp_path / "hf"],
-        capsys,
+        command + ["--output", "hf", "--overwrite"], capsys
     )
     assert status == 0, err
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["num_hashes"] == 3
 
 
 def test_the_old_script_paths_still_work():
@@ -355,3 +422,15 @@ def test_quickstart_smoke(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "qs").exists()
+
+
+def test_pretrain_defaults_are_run_configs():
+    """The defaults `keras-mhf pretrain --help` shows (kept without Keras)
+    are `RunConfig`'s."""
+    import dataclasses
+
+    from keras_mhf.pretraining import RunConfig
+    from keras_mhf.utils.training_defaults import PRETRAIN_DEFAULTS
+
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    assert PRETRAIN_DEFAULTS == {k: fields[k] for k in PRETRAIN_DEFAULTS}

@@ -239,12 +239,15 @@ def test_resume_after_a_crash_gives_identical_weights(
 
 
 def test_raw_text_is_prepared_into_the_output_and_reused(tmp_path, monkeypatch):
-    text = write_documents(tmp_path / "docs.jsonl", count=120)
+    # Paths relative to the working directory (Orbax itself takes only
+    # absolute ones): the run resolves them once, at its entry.
+    monkeypatch.chdir(tmp_path)
+    text = os.path.basename(write_documents(tmp_path / "docs.jsonl", count=120))
     output = tmp_path / "run"
     settings = dict(RUN, vocabulary_size=400, validation_fraction=0.2)
     settings["workers"] = 1
     with stop_after_chunks(1):
-        _, first = pretrain(text, str(output), **settings)
+        _, first = pretrain(text, "run", **settings)
     assert first["data"] == str(output / "data")
     assert first["tokenizer"] == str(output / "tokenizer.model")
     index = output / "data" / "index.json"
@@ -259,7 +262,10 @@ def test_raw_text_is_prepared_into_the_output_and_reused(tmp_path, monkeypatch):
 
     monkeypatch.setattr("keras_mhf.data.prepare._tokenize_all", no_tokenizing)
     monkeypatch.setattr(run_data, "train_sentencepiece", no_tokenizing)
-    _, second = pretrain(text, str(output), **settings)
+    # Another vocabulary size cannot reuse the trained tokenizer: refused.
+    with pytest.raises(RunConfigError, match="--vocabulary-size 400 to resume"):
+        pretrain(text, "run", **dict(settings, vocabulary_size=500))
+    _, second = pretrain(text, "run", **settings)
     assert second["finished"]
     assert index.stat().st_mtime_ns == stamp
     assert sorted(p.name for p in (output / "data").glob("*.bin")) == shards

@@ -21,9 +21,9 @@ from keras_mhf.signatures.signature_table import SignatureTable
 from keras_mhf.signatures.signature_table import check_num_buckets
 from keras_mhf.signatures.signature_table import check_num_lsh
 from keras_mhf.utils import keras_utils
+from keras_mhf.utils.arguments import check_positive_ints
 from keras_mhf.utils.keras_utils import argument_names
 from keras_mhf.utils.keras_utils import check_known_kwargs
-from keras_mhf.utils.keras_utils import check_positive_ints
 
 # Marks a backbone rebuilt from its config: the table comes from the weights.
 _TABLE_FROM_WEIGHTS = "from_weights"

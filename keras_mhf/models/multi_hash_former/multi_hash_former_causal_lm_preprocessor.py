@@ -9,7 +9,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_tokenizer import (
     MultiHashFormerTokenizer,
 )
 from keras_mhf.models.preset_consistency import check_preset_consistency
-from keras_mhf.utils.keras_utils import check_positive_ints
+from keras_mhf.utils.arguments import check_positive_ints
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")

@@ -31,7 +31,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_inference import (
 from keras_mhf.models.multi_hash_former.multi_hash_former_inference import (
     token_scores,
 )
-from keras_mhf.utils.keras_utils import check_positive_ints
+from keras_mhf.utils.arguments import check_positive_ints
 from keras_mhf.utils.token_ids import check_token_ids
 
 # Candidates aimed at per row when K is chosen automatically.
