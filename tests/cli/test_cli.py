@@ -405,25 +405,6 @@ for path in sys.argv[1:]:
         assert line.split(" ", 1)[1].startswith("usage: keras-mhf "), line
 
 
-@pytest.mark.large
-def test_quickstart_smoke(tmp_path):
-    """`keras-mhf quickstart` end to end on a few steps of a tiny model."""
-    if shutil.which("keras-mhf") is None:
-        pytest.skip("the keras-mhf console script is not installed")
-    env = dict(os.environ, KERAS_BACKEND="jax")
-    done = subprocess.run(
-        ["keras-mhf", "quickstart", "--output", str(tmp_path / "qs")]
-        + ["--architecture", "tiny_h3b64", "--vocabulary-size", "1000"]
-        + ["--steps", "2", "--batch-size", "2", "--sequence-length", "32"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "qs").exists()
-
-
 def test_pretrain_defaults_are_run_configs():
     """The defaults `keras-mhf pretrain --help` shows (kept without Keras)
     are `RunConfig`'s."""
