@@ -1,5 +1,4 @@
 import functools
-import os
 from pathlib import Path
 
 import keras
@@ -8,7 +7,9 @@ import pytest
 keras.config.disable_traceback_filtering()
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("KERAS_MHF_DATA", REPO.parent / "shared" / "data"))
+# The small data files the tests read, in the repository (each folder's
+# SOURCE.md says where they come from and under which licence).
+DATA = REPO / "tests" / "testdata"
 MISTRAL_MODEL = DATA / "mistral_v03_tokenizer" / "tokenizer.model"
 OPENSTAX = DATA / "openstax_edu_en"
 
@@ -84,10 +85,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def mistral_model_path():
-    if not MISTRAL_MODEL.exists():
-        pytest.skip(
-            f"shared data not found at {MISTRAL_MODEL} (set KERAS_MHF_DATA)"
-        )
     return str(MISTRAL_MODEL)
 
 
@@ -101,8 +98,6 @@ def mistral_pieces(mistral_model_path):
 
 @pytest.fixture(scope="session")
 def openstax_dir():
-    if not (OPENSTAX / "train_00.jsonl").exists():
-        pytest.skip(f"shared data not found at {OPENSTAX} (set KERAS_MHF_DATA)")
     return OPENSTAX
 
 

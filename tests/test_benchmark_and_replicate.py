@@ -185,8 +185,6 @@ def test_profile_smoke():
 
 @pytest.mark.large
 def test_replicate_smoke(tmp_path, openstax_dir):
-    if not MISTRAL_MODEL.exists():
-        pytest.skip("the Mistral tokenizer is not in the shared data")
     env = dict(os.environ)
     done = subprocess.run(
         [
