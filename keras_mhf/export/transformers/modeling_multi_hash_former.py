@@ -27,17 +27,88 @@ authors' format (`model.hash_map`, `model.embed_tokens.weight` = the H
 stacked bucket tables, `model.combiner.*`, `hash_head.cascade_mixer.*`),
 so their code loads the same folder. This one file holds the config and
 the model classes, so the folder needs no other code.
+
+It runs on transformers `MIN_TRANSFORMERS` and later (4.x and 5.x), finding
+what changed between releases from their classes, and refuses an older
+release at import with an `ImportError` that names both versions.
 """
 
 import copy
+import dataclasses
+import inspect
 
 import torch
+import transformers
+from packaging.version import Version
 from torch import nn
-from transformers import GenerationMixin
-from transformers import Qwen3Config
-from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.models.qwen3.modeling_qwen3 import Qwen3Model
-from transformers.models.qwen3.modeling_qwen3 import Qwen3PreTrainedModel
+
+# The oldest transformers release this file is checked on (keras_mhf's
+# tools/check_transformers_versions.py): Qwen3 arrived in 4.51.0, whose
+# `from_pretrained` fails without accelerate installed (fixed in 4.51.1).
+MIN_TRANSFORMERS = "4.51.1"
+
+
+def check_transformers_version(installed=None):
+    """Raises `ImportError` naming the installed version and the minimum
+    when `transformers` is older than `MIN_TRANSFORMERS`."""
+    installed = transformers.__version__ if installed is None else installed
+    if Version(installed) < Version(MIN_TRANSFORMERS):
+        raise ImportError(
+            "This MultiHashFormer export (modeling_multi_hash_former.py) "
+            f"needs transformers >= {MIN_TRANSFORMERS}; transformers "
+            f"{installed} is installed. Upgrade with: pip install "
+            f"'transformers>={MIN_TRANSFORMERS}'"
+        )
+
+
+check_transformers_version()
+
+from transformers import GenerationMixin  # noqa: E402
+from transformers import Qwen3Config  # noqa: E402
+from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import Qwen3Model  # noqa: E402
+from transformers.models.qwen3.modeling_qwen3 import Qwen3PreTrainedModel  # noqa: E402
+
+# What differs between the supported releases, found from the classes
+# themselves rather than from version numbers:
+# - the KV cache's name, as the trunk's `forward` argument and as the output
+#   field (`past_key_values` until it became `cache` in 5.x);
+# - how RoPE is configured: one `rope_parameters` dict (5.x), or
+#   `rope_theta` and `rope_scaling` (4.x).
+TRUNK_CACHE_ARGUMENT = (
+    "cache"
+    if "cache" in inspect.signature(Qwen3Model.forward).parameters
+    else "past_key_values"
+)
+OUTPUT_CACHE_FIELD = (
+    "cache"
+    if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    else "past_key_values"
+)
+HAS_ROPE_PARAMETERS = (
+    "rope_parameters" in inspect.signature(Qwen3Config.__init__).parameters
+)
+
+
+def output_cache(outputs):
+    """The KV cache of the trunk's output, under whichever name its class
+    gives it (`None` when it holds none)."""
+    for name in ("cache", "past_key_values"):
+        if name in {f.name for f in dataclasses.fields(outputs)}:
+            return getattr(outputs, name)
+    return None
+
+
+def legacy_rope_fields(rope_parameters):
+    """A `rope_parameters` dict (the format of the export's `config.json`)
+    -> the `rope_theta` and `rope_scaling` of a 4.x `Qwen3Config`."""
+    parameters = dict(rope_parameters)
+    fields = {}
+    if "rope_theta" in parameters:
+        fields["rope_theta"] = parameters.pop("rope_theta")
+    if parameters.get("rope_type", "default") != "default":
+        fields["rope_scaling"] = parameters
+    return fields
 
 
 class MultiHashFormerConfig(Qwen3Config):
@@ -75,6 +146,10 @@ class MultiHashFormerConfig(Qwen3Config):
         self.signature_rule = signature_rule
         self.scoring_temperature = scoring_temperature
         self.apply_scoring_temperature = apply_scoring_temperature
+        rope_parameters = kwargs.get("rope_parameters")
+        if not HAS_ROPE_PARAMETERS and isinstance(rope_parameters, dict):
+            kwargs.pop("rope_parameters")
+            kwargs.update(legacy_rope_fields(rope_parameters))
         super().__init__(**kwargs)
 
 
@@ -201,16 +276,19 @@ class MultiHashFormerForCausalLM(Qwen3PreTrainedModel, GenerationMixin):
         logits_to_keep=0,
         **kwargs,
     ):
+        # `generate` passes the KV cache as `cache` or `past_key_values`
+        # (by release); the trunk takes it under its own name.
+        legacy_cache = kwargs.pop("past_key_values", None)
         if cache is None:
-            cache = kwargs.pop("past_key_values", None)
+            cache = legacy_cache
         if inputs_embeds is None:
             inputs_embeds = self.embed(input_ids)
         outputs = self.model(
             attention_mask=attention_mask,
             position_ids=position_ids,
-            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            **{TRUNK_CACHE_ARGUMENT: cache},
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
@@ -230,7 +308,7 @@ class MultiHashFormerForCausalLM(Qwen3PreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(
             loss=loss,
             logits=logits,
-            cache=outputs.cache,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **{OUTPUT_CACHE_FIELD: output_cache(outputs)},
         )
