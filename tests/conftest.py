@@ -39,6 +39,7 @@ BACKEND_INDEPENDENT = {
     # The command line's argument handling and one smoke run per subcommand;
     # the functions behind them are tested on every backend.
     "test_cli.py",
+    "test_docs_commands.py",
 }
 
 # Tests whose work runs in processes that choose their own backend (a
@@ -46,6 +47,8 @@ BACKEND_INDEPENDENT = {
 # after a short in-process part that other tests already run on every
 # backend: they too run only in the JAX pass.
 ONCE_PER_SUITE = {
+    "test_pretraining_reliability.py::"
+    "test_a_file_size_limit_during_a_background_write_is_one_clear_line",
     "test_export.py::test_ids_only_exports_load_with_tensorflow_alone",
     "test_quantization.py::test_quantized_savedmodel_export",
     "test_calibration.py::test_temperature_survives_savedmodel_export",

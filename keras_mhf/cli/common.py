@@ -96,6 +96,7 @@ TRAINING_OPTIONS = (
     "precision",
     "seed",
     "compilation_cache",
+    "discard_unusable_checkpoints",
 )
 
 
@@ -232,6 +233,13 @@ def _add_validation_and_run_options(p, defaults):
         help="JAX only: a persistent cache of compiled programs, so that a "
         "resumed run starts training within seconds; 'auto' is "
         "OUTPUT/compilation_cache, 'none' turns it off",
+    )
+    p.add_argument(
+        "--discard-unusable-checkpoints",
+        action="store_true",
+        help="when OUTPUT holds checkpoints and none can be loaded, set them "
+        "aside (step_N.unusable) and train from step 0 (without it, such a "
+        "run is refused)",
     )
     p.add_argument(
         "--quiet",

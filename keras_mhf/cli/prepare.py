@@ -84,6 +84,7 @@ def main(argv=None, prog=None):
     )
     args = parser.parse_args(argv)
     from keras_mhf.data.prepare import prepare_data
+    from keras_mhf.utils.disk_space import disk_full_reason
     from keras_mhf.utils.disk_space import is_disk_full
     from keras_mhf.utils.output_lock import OutputLockedError
 
@@ -103,7 +104,7 @@ def main(argv=None, prog=None):
         message = str(error)
         if is_disk_full(error):
             message = (
-                f"no space left on device while writing {args.output} "
+                f"{disk_full_reason(error)} while writing {args.output} "
                 f"({error.strerror}); free space and rerun the same command "
                 "to continue where it stopped"
             )

@@ -37,6 +37,7 @@ from keras_mhf.pretraining.logs import trim_log
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
 from keras_mhf.utils.disk_space import directory_bytes
+from keras_mhf.utils.disk_space import disk_full_reason
 from keras_mhf.utils.files import check_format
 from keras_mhf.utils.files import read_json
 from keras_mhf.utils.files import write_json
@@ -238,7 +239,10 @@ def latest_checkpoint(config):
 
     An unusable newer checkpoint (damaged weights, unreadable state) is
     renamed `step_NNNNNN.unusable` with a warning naming it, and the previous
-    one is used.
+    one is used. When none is usable, nothing is moved and the run is
+    refused, the same way on every rerun, unless
+    `config.discard_unusable_checkpoints` says to set them all aside and
+    train from step 0.
 
     Raises:
         CheckpointError: checkpoints exist but none is usable.
@@ -256,28 +260,36 @@ def latest_checkpoint(config):
         try:
             state = read_checkpoint(directory)
         except CheckpointError as error:
-            unusable.append(f"{directory}: {error}")
-            aside = directory + _UNUSABLE_SUFFIX
-            if is_primary():
-                if os.path.exists(aside):
-                    shutil.rmtree(aside)
-                os.replace(directory, aside)
-            warnings.warn(
-                f"The checkpoint {directory} (step {step}) is unusable "
-                f"({error}); it was moved to {aside} and the previous "
-                "complete checkpoint is used instead.",
-                stacklevel=2,
-            )
+            unusable.append((step, directory, error))
             continue
+        _set_aside(unusable, "the previous complete checkpoint is used")
         return directory, state
-    if unusable:
+    if unusable and not config.discard_unusable_checkpoints:
         raise CheckpointError(
             f"{config.output_dir} holds checkpoints, but none can be loaded: "
-            + "; ".join(unusable)
-            + ". Nothing was loaded. Use a new --output, or delete "
-            f"{config.path(CHECKPOINTS)} to train from scratch."
+            + "; ".join(f"{d}: {e}" for _, d, e in unusable)
+            + ". Nothing was loaded or moved. Rerun with "
+            "--discard-unusable-checkpoints to set them aside and train from "
+            "step 0, or use a new --output."
         )
+    _set_aside(unusable, "the run trains from step 0")
     return None
+
+
+def _set_aside(unusable, instead):
+    """Renames each unusable checkpoint `step_NNNNNN.unusable`, with a
+    warning naming it and what the run does `instead`."""
+    for step, directory, error in unusable:
+        aside = directory + _UNUSABLE_SUFFIX
+        if is_primary():
+            if os.path.exists(aside):
+                shutil.rmtree(aside)
+            os.replace(directory, aside)
+        warnings.warn(
+            f"The checkpoint {directory} (step {step}) is unusable ({error}); "
+            f"it was moved to {aside} and {instead}.",
+            stacklevel=3,
+        )
 
 
 def _remove_stale(config):
@@ -424,7 +436,7 @@ def non_finite_stop(config, error_class, message, step):
     raise non_finite_stop(config, NonFiniteLossError, "the loss ...", 3)
     ```
     """
-    kept = latest_checkpoint(config)
+    kept = last_committed(config)
     return error_class(
         message + " " + what_now(config, kept),
         step,
@@ -457,11 +469,28 @@ def what_now(config, kept):
 def _kept_message(kept):
     if kept is None:
         return "No checkpoint had been written yet."
-    directory, state = kept
+    directory, step = kept
     return (
-        f"The last good checkpoint (step {state['step']}: finite weights, "
+        f"The last good checkpoint (step {step}: finite weights, "
         f"optimizer state and validation loss) is kept in {directory}."
     )
+
+
+def last_committed(config):
+    """`(directory, step)` of the newest committed checkpoint (by its folder
+    name, which only the commit gives), once the write in flight, if any,
+    has ended; or `None`. For error messages, which must read, check and
+    move no checkpoint.
+
+    Example:
+
+    ```python
+    last_committed(config)  # e.g. ("runs/mhf/checkpoints/step_000300", 300)
+    ```
+    """
+    wait_for_checkpoints(config)
+    found = list_checkpoints(config)
+    return (found[0][1], found[0][0]) if found else None
 
 
 # The writer of each output directory in this process (`checkpoint_writer`).
@@ -512,7 +541,8 @@ def wait_for_checkpoints(config):
         writer.wait()
     except Exception as error:  # Orbax re-raises the writing thread's error
         non_finite = _caused_by(error, NonFiniteValues)
-        if non_finite is None and "No space left on device" not in str(error):
+        full = disk_full_reason(error)
+        if non_finite is None and full is None:
             raise
         close_checkpoints(config, wait=False)
         _remove_stale(config)
@@ -527,7 +557,7 @@ def wait_for_checkpoints(config):
                 step,
             ) from None
         raise DiskFullError(
-            f"no space left on device while writing checkpoint "
+            f"{full} while writing checkpoint "
             f"step_{step:06d} in {config.path(CHECKPOINTS)} "
             f"({str(error).splitlines()[0][:120]}); the temporary directory "
             "was removed. " + _resume_advice(config)
@@ -618,7 +648,7 @@ def save_checkpoint(
             config.path(CHECKPOINTS),
             _checkpoint_estimate(config, lm),
             f"checkpoint {os.path.basename(final)}",
-            lambda: _resume_advice(config),  # verifies a checkpoint: lazily
+            lambda: _resume_advice(config),
         )
     state = {
         "format": CHECKPOINT_FORMAT,
@@ -666,10 +696,13 @@ def _checkpoint_estimate(config, lm):
 
 
 def _resume_advice(config):
-    kept = latest_checkpoint(config)
+    kept = last_committed(config)
     where = (
-        f"The last complete checkpoint is step {kept[1]['step']} ({kept[0]})"
+        f"The last complete checkpoint is step {kept[1]} ({kept[0]})"
         if kept
-        else "no checkpoint had been written yet"
+        else "No checkpoint had been written yet"
     )
-    return f"{where}; free space and rerun the same command to resume."
+    return (
+        f"{where}; free space (or raise the file-size limit) and rerun the "
+        "same command to resume."
+    )

@@ -91,7 +91,10 @@ class RunConfig:
     `output_dir/compilation_cache`; `None` or `"none"`: off),
     `verify_data` (re-hash every shard of the prepared corpus
     against its `index.json` and check its token ids when the run
-    starts or resumes; default `True`) and `verbose`.
+    starts or resumes; default `True`), `discard_unusable_checkpoints`
+    (when `output_dir` holds checkpoints and none can be loaded, set them
+    aside as `step_NNNNNN.unusable` and train from step 0; by default such
+    a run is refused, on every rerun) and `verbose`.
 
     Example:
 
@@ -131,6 +134,7 @@ class RunConfig:
     mesh: object = None
     compilation_cache: str = "auto"
     verify_data: bool = True
+    discard_unusable_checkpoints: bool = False
     verbose: int = 1
     initial_preset: str = None
     lora_rank: int = None

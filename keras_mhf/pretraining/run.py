@@ -36,6 +36,7 @@ from keras_mhf.pretraining.validation import validate_initial_model
 from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
+from keras_mhf.utils.disk_space import disk_full_reason
 from keras_mhf.utils.disk_space import is_disk_full
 from keras_mhf.utils.files import fsync_directory
 from keras_mhf.utils.files import fsync_file
@@ -155,11 +156,12 @@ def save_preset(lm, preset):
             shutil.rmtree(temporary, ignore_errors=True)
             raise
         problem = str(error).splitlines()[0]
+        full = disk_full_reason(error)
     if problem is not None:
         gc.collect()  # frees the failed write's files here, not at exit
         shutil.rmtree(temporary, ignore_errors=True)
         raise DiskFullError(
-            f"no space left on device while writing the preset {preset} "
+            f"{full} while writing the preset {preset} "
             f"({problem[:120]}); the temporary directory was removed. " + advice
         )
     if os.path.exists(preset):
@@ -311,7 +313,7 @@ def pretrain(data, output_dir, **settings):
                 _remove_new_entries(config.output_dir, existing)
             if is_disk_full(error):
                 raise DiskFullError(
-                    f"no space left on device while writing to "
+                    f"{disk_full_reason(error)} while writing to "
                     f"{config.output_dir} ({str(error).splitlines()[0]}); "
                     "free space and rerun the same command to resume from "
                     "the last complete checkpoint."

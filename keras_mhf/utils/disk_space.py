@@ -16,6 +16,7 @@ import shutil
 
 # errno values that mean "the disk (or the quota) is full".
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+_FULL_MESSAGES = ("No space left on device", "Disk quota exceeded")
 # Extra room asked for beyond a write's estimate (file-system overhead).
 MARGIN_BYTES = 1 << 20
 
@@ -36,8 +37,32 @@ class DiskFullError(RuntimeError):
     """
 
 
+def disk_full_reason(error):
+    """Why a write did not fit, in words, when `error` (an `OSError`, or
+    another library's error carrying the system's message, e.g. Orbax's
+    `ValueError` from TensorStore) says the disk or quota is full or a file
+    passed the file-size limit; else `None`.
+
+    >>> import errno
+    >>> disk_full_reason(OSError(errno.ENOSPC, "No space left on device"))
+    'no space left on device'
+    >>> disk_full_reason(ValueError("OUT_OF_RANGE: ... File too large"))
+    'a file reached the file-size limit (ulimit -f)'
+    >>> disk_full_reason(OSError(errno.ENOENT, "No such file")) is None
+    True
+    """
+    code = getattr(error, "errno", None)
+    text = str(error)
+    if code in DISK_FULL_ERRNOS or any(m in text for m in _FULL_MESSAGES):
+        return "no space left on device"
+    if code == errno.EFBIG or "File too large" in text:
+        return "a file reached the file-size limit (ulimit -f)"
+    return None
+
+
 def is_disk_full(error):
-    """Whether an exception is an `OSError` for a full disk or quota.
+    """Whether an exception is an `OSError` for a full disk or quota, or a
+    file past the file-size limit (`disk_full_reason`).
 
     >>> import errno
     >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
@@ -45,10 +70,7 @@ def is_disk_full(error):
     >>> is_disk_full(OSError(errno.ENOENT, "No such file"))
     False
     """
-    return isinstance(error, OSError) and (
-        error.errno in DISK_FULL_ERRNOS
-        or "No space left on device" in str(error)
-    )
+    return isinstance(error, OSError) and disk_full_reason(error) is not None
 
 
 def directory_bytes(path):

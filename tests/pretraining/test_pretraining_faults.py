@@ -194,14 +194,30 @@ def test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start(
     output = copy_run(reference, tmp_path / "run", keep_steps=(3, 4))
     truncate(largest_file(os.path.join(output, "checkpoints", "step_000004")))
     os.remove(os.path.join(output, "checkpoints", "step_000003", "state.json"))
-    with pytest.warns(UserWarning):
-        with pytest.raises(CheckpointError, match="none can be loaded"):
+    # Refused, and refused again by the same command: nothing is moved, so
+    # a rerun never silently starts from scratch.
+    for _ in range(2):
+        with pytest.raises(
+            CheckpointError, match="none can be loaded"
+        ) as error:
             pretrain(corpus[0], output, **RUN)
+        assert "Nothing was loaded or moved" in str(error.value)
+        assert "--discard-unusable-checkpoints" in str(error.value)
+        assert checkpoints(output) == ["step_000003", "step_000004"]
     with open(os.path.join(output, "summary.json")) as f:
         summary = json.load(f)
     assert summary["status"] == "failed"
     assert summary["error"] == "CheckpointError"
     assert not os.path.exists(os.path.join(output, "preset"))
+    # Said explicitly: set aside, and a run from step 0.
+    with pytest.warns(UserWarning, match=r"\(step 4\) is unusable.*step 0"):
+        lm, summary = pretrain(
+            corpus[0], output, **RUN, discard_unusable_checkpoints=True
+        )
+    assert summary["finished"]
+    assert_same_state(state_of(lm), reference[0])
+    names = checkpoints(output)
+    assert "step_000003.unusable" in names and "step_000004.unusable" in names
 
 
 @pytest.mark.parametrize(
@@ -435,6 +451,5 @@ def test_a_run_of_0_1_resumes_from_its_h5_checkpoint(
     assert_same_state(state_of(lm), reference[0])
     assert checkpoints(output) == ["step_000003", "step_000004"]
     flip_a_byte(os.path.join(kept, "checkpoints", "step_000002", WEIGHTS_FILE))
-    with pytest.warns(UserWarning, match=r"step 2\) is unusable.*sha256"):
-        with pytest.raises(CheckpointError, match="none can be loaded"):
-            pretrain(corpus[0], kept, **RUN)
+    with pytest.raises(CheckpointError, match=r"none can be loaded.*sha256"):
+        pretrain(corpus[0], kept, **RUN)

@@ -8,6 +8,7 @@ handling does not depend on the backend)."""
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -207,7 +208,10 @@ def test_a_full_disk_is_refused_before_a_checkpoint_write(
     assert "\n" not in message
     assert "checkpoint step_000003" in message
     assert "The last complete checkpoint is step 2" in message
-    assert "free space and rerun the same command to resume" in message
+    assert (
+        "free space (or raise the file-size limit) and rerun the same"
+        in message
+    )
     names = os.listdir(os.path.join(output, "checkpoints"))
     assert sorted(names) == ["step_000001", "step_000002"]
     summary = read_summary(output)
@@ -278,7 +282,7 @@ def test_a_disk_that_fills_during_a_checkpoint_write_exits_cleanly(
             "keras-mhf pretrain: error: DiskFullError: no space left on device "
             "while writing checkpoint step_000001 in "
         ), last
-        assert "free space and rerun the same command to resume" in last
+        assert "free space (or raise the file-size limit) and rerun" in last
         leftovers = [
             name
             for _, dirs, files in os.walk(output)
@@ -343,3 +347,44 @@ def test_an_interrupted_run_says_so_in_its_summary(
     _, finished = pretrain(corpus[0], output, **RUN)
     assert finished["status"] == "finished"
     assert read_summary(output)["status"] == "finished"
+
+
+def test_a_file_size_limit_during_a_background_write_is_one_clear_line(
+    tmp_path, corpus, tmp_path_factory
+):
+    """`ulimit -f`: Orbax's write in the background fails with TensorStore's
+    `OUT_OF_RANGE ... File too large`; the command ends with one line that
+    says so, without Orbax's error logs, and leaves no temporary folder."""
+    output = tmp_path / "run"
+    settings = dict(RUN, architecture="tiny_h4b1024", steps=2)
+    command = " ".join(
+        [sys.executable, str(REPO / "recipes" / "pretrain.py")]
+        + ["--data", corpus[0], "--output", str(output)]
+        + ["--compilation-cache", "none"]
+        + run_flags(settings)
+    )
+    done = subprocess.run(
+        ["bash", "-c", f"ulimit -f 300; exec {command}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=compilation_cache_env(
+            str(tmp_path_factory.getbasetemp() / "jax_cache")
+        ),
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "keras-mhf pretrain: error: DiskFullError: a file reached the "
+        "file-size limit (ulimit -f) while writing checkpoint step_000001"
+    ), last
+    # No absl log lines (Orbax logs each failed write with its traceback).
+    assert "absl" not in done.stderr
+    assert not re.search(r"^[EWI]\d{4} ", done.stderr, re.MULTILINE)
+    leftovers = [
+        name
+        for _, dirs, files in os.walk(output)
+        for name in dirs + files
+        if "tmp" in name
+    ]
+    assert leftovers == []
