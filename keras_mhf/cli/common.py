@@ -50,11 +50,9 @@ def preset_directory(path):
     preset, e.g. `runs/mhf/preset`, or a Hugging Face export); anything
     else is a usage error (exit status 2) that says what is expected."""
     if not os.path.isfile(os.path.join(path, "config.json")):
-        where = (
-            "is not a directory"
-            if not os.path.isdir(path)
-            else ("has no config.json")
-        )
+        where = "is not a directory"
+        if os.path.isdir(path):
+            where = "has no config.json"
         raise argparse.ArgumentTypeError(
             f"{path!r} {where}; give a preset directory, e.g. runs/mhf/preset "
             "(written by keras-mhf pretrain or finetune) or a Hugging Face "
