@@ -8,6 +8,7 @@ from safetensors.numpy import save_file
 
 from keras_mhf import SignatureTable
 from keras_mhf.models import MultiHashFormerCausalLM
+from keras_mhf.models import StandardCausalLM
 from tests.numpy_reference import authors_model_bucket_logits
 
 CFG = dict(
@@ -199,6 +200,16 @@ def test_malformed_config_and_pickles_are_refused(tmp_path):
     with pytest.raises(ValueError, match="num_buckets"):
         MultiHashFormerCausalLM.from_preset(ckpt)
     config["num_buckets"] = 64
+    # Without num_hashes it is still this model's checkpoint (its other
+    # fields say so): the missing field is named, not a KerasHub file, and
+    # the Standard baseline does not take it for a stock Qwen3.
+    del config["num_hashes"]
+    json.dump(config, open(config_path, "w"))
+    with pytest.raises(ValueError, match=r"missing .*\['num_hashes'\]"):
+        MultiHashFormerCausalLM.from_preset(ckpt)
+    with pytest.raises(ValueError, match="MultiHashFormerCausalLM.from_pre"):
+        StandardCausalLM.from_preset(ckpt)
+    config["num_hashes"] = CFG["num_hashes"]
     config["num_lsh"] = 4  # more LSH heads than heads
     json.dump(config, open(config_path, "w"))
     with pytest.raises(ValueError, match="num_lsh"):

@@ -54,8 +54,30 @@ def checkpoint_config(preset):
         return None, False
 
 
+# Top-level `config.json` fields that only a MultiHashFormer checkpoint has
+# (a KerasHub preset nests its arguments under "config").
+_MULTI_HASH_FORMER_FIELDS = ("num_hashes", "num_buckets", "bottle_neck_dim")
+_MULTI_HASH_FORMER_TYPES = ("multi_hash_former",)
+
+
+def is_multi_hash_former_config(config):
+    """True for a Hugging Face `config.json` (a dict) of a MultiHashFormer:
+    one of its own fields, its `model_type` or an architecture named
+    `*HashFormer*`, so that one with a field removed is reported by
+    `read_config` as missing that field."""
+    if not isinstance(config, dict):
+        return False
+    architectures = config.get("architectures") or []
+    return (
+        any(key in config for key in _MULTI_HASH_FORMER_FIELDS)
+        or config.get("model_type") in _MULTI_HASH_FORMER_TYPES
+        or any("HashFormer" in str(name) for name in architectures)
+    )
+
+
 def is_authors_checkpoint(preset):
-    """True for a local directory whose `config.json` has `num_hashes`."""
+    """True for a local directory whose `config.json` is a MultiHashFormer's
+    (`is_multi_hash_former_config`)."""
     config, readable = checkpoint_config(preset)
     if config is None and not readable:
         if not os.path.exists(os.path.join(str(preset), "config.json")):
@@ -65,7 +87,7 @@ def is_authors_checkpoint(preset):
         return os.path.exists(
             os.path.join(str(preset), "model.safetensors")
         ) or (os.path.exists(os.path.join(str(preset), "pytorch_model.bin")))
-    return isinstance(config, dict) and "num_hashes" in config
+    return is_multi_hash_former_config(config)
 
 
 def read_config(directory):
@@ -80,7 +102,11 @@ def read_config(directory):
         raise ValueError(f"{path} must hold a JSON object.")
     missing = [key for key in _REQUIRED if key not in config]
     if missing:
-        raise ValueError(f"{path} is missing required field(s): {missing}.")
+        raise ValueError(
+            f"{path} is a MultiHashFormer checkpoint's config but is missing "
+            f"required field(s): {missing}. Restore them (a keras_mhf export "
+            "writes them all), or export the preset again."
+        )
     num_lsh = config.get("num_lsh") or 0
     if (
         isinstance(num_lsh, bool)

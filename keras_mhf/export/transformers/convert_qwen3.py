@@ -22,7 +22,7 @@ def is_qwen3_checkpoint(preset):
     return (
         isinstance(config, dict)
         and config.get("model_type") == "qwen3"
-        and "num_hashes" not in config
+        and not convert_multi_hash_former.is_multi_hash_former_config(config)
     )
 
 

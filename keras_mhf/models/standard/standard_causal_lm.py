@@ -13,6 +13,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
 from keras_mhf.models.standard.standard_backbone import StandardBackbone
 from keras_mhf.optimizers import task_default_optimizer
 from keras_mhf.utils.concurrent_inference import serialized
+from keras_mhf.utils.keras_utils import keep_saved_precision
 from keras_mhf.utils.keras_utils import memory_lean
 
 
@@ -92,12 +93,20 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
         """Loads a KerasHub preset directory, or a Hugging Face
         `Qwen3ForCausalLM` checkpoint directory (as `export_to_transformers`
         writes; `tokenizer`, `dtype` and `sequence_length` may be given)."""
+        from keras_mhf.export.transformers import convert_multi_hash_former
         from keras_mhf.export.transformers import convert_qwen3
 
+        if convert_multi_hash_former.is_authors_checkpoint(preset):
+            raise ValueError(
+                f"{preset} is a MultiHashFormer Hugging Face checkpoint, not "
+                "the Standard baseline's; load it with "
+                "MultiHashFormerCausalLM.from_preset."
+            )
         if convert_qwen3.is_qwen3_checkpoint(preset):
             return convert_qwen3.load_qwen3_checkpoint(
                 cls, preset, load_weights=load_weights, **kwargs
             )
+        kwargs = keep_saved_precision(preset, kwargs)
         return super().from_preset(preset, load_weights=load_weights, **kwargs)
 
 
