@@ -2,7 +2,9 @@
 
 import contextlib
 import inspect
+import json
 import logging
+import os
 
 import keras
 import numpy as np
@@ -286,6 +288,32 @@ def preset_dtype(serialized):
     return keras.dtype_policies.serialize(
         keras.dtype_policies.DTypePolicyMap(default_policy=name)
     )
+
+
+def keep_saved_precision(preset, kwargs):
+    """`from_preset`'s `kwargs` with `dtype` set to the precision a local
+    preset was saved in, unless the caller gave one.
+
+    KerasHub casts a preset saved under a plain float policy (e.g.
+    "bfloat16") to Keras' current policy, so a bfloat16 run's preset would
+    reload in float32 (twice the memory, other numbers). keras_mhf's models
+    load in the saved precision; `dtype=` still chooses another. Policies
+    that are not a plain float (mixed, quantized) KerasHub keeps as saved."""
+    if kwargs.get("dtype") is not None:
+        return kwargs
+    path = os.path.join(str(preset), "config.json")
+    if not os.path.isfile(path):
+        return kwargs
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = (json.load(f).get("config") or {}).get("dtype")
+    except (OSError, ValueError, AttributeError):
+        return kwargs  # the loader reports an unreadable config.json
+    if isinstance(saved, dict) and saved.get("class_name") == "DTypePolicy":
+        name = (saved.get("config") or {}).get("name")
+        if name in ("float16", "bfloat16", "float32", "float64"):
+            return dict(kwargs, dtype=name)
+    return kwargs
 
 
 def model_dtype(dtype):

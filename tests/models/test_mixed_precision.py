@@ -1,8 +1,13 @@
 import keras
 import numpy as np
+import pytest
 from keras import ops
 
+from keras_mhf.models import MultiHashFormerBackbone
 from keras_mhf.models import MultiHashFormerCausalLM
+from keras_mhf.models import StandardBackbone
+from keras_mhf.models import StandardCausalLM
+from keras_mhf.models import standard_causal_lm
 
 
 def test_mixed_bfloat16_fit_generate_score(small_tokenizer, corpus):
@@ -51,3 +56,36 @@ def test_mixed_bfloat16_fit_generate_score(small_tokenizer, corpus):
     history = half.fit(corpus, batch_size=8, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
     assert half.generate("The cell", max_length=10)
+
+
+@pytest.mark.parametrize("family", ["mhf", "standard"])
+def test_a_bfloat16_preset_reloads_in_bfloat16(
+    tmp_path, small_tokenizer, family
+):
+    """KerasHub would cast a preset saved in bfloat16 to Keras' float32
+    policy; ours reload as saved (task and backbone), bit for bit, and
+    `dtype=` still chooses."""
+    if family == "mhf":
+        lm = MultiHashFormerCausalLM.from_tokenizer(
+            small_tokenizer, "tiny_h3b64", sequence_length=8, dtype="bfloat16"
+        )
+        task, backbone = MultiHashFormerCausalLM, MultiHashFormerBackbone
+    else:
+        lm = standard_causal_lm(
+            small_tokenizer, "tiny", sequence_length=8, dtype="bfloat16"
+        )
+        task, backbone = StandardCausalLM, StandardBackbone
+    lm.save_to_preset(str(tmp_path))
+    again = task.from_preset(str(tmp_path))
+    assert again.backbone.dtype_policy.name == "bfloat16"
+    for a, b in zip(lm.backbone.weights, again.backbone.weights):
+        assert keras.backend.standardize_dtype(b.dtype) == (
+            keras.backend.standardize_dtype(a.dtype)
+        )
+        np.testing.assert_array_equal(
+            ops.convert_to_numpy(ops.cast(a, "float32")),
+            ops.convert_to_numpy(ops.cast(b, "float32")),
+        )
+    assert backbone.from_preset(str(tmp_path)).dtype_policy.name == "bfloat16"
+    cast = task.from_preset(str(tmp_path), dtype="float32")
+    assert cast.backbone.dtype_policy.name == "float32"

@@ -204,6 +204,13 @@ class MultiHashFormerBackbone(Backbone):
         `keras_mhf.models.quantization.quantize_hash_tables`."""
         quantization.quantize_hash_tables(self, mode, config, filters)
 
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """`Backbone.from_preset` in the precision the preset was saved in
+        unless `dtype=` says otherwise (`keras_utils.keep_saved_precision`)."""
+        kwargs = keras_utils.keep_saved_precision(preset, kwargs)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`, strict: a corrupt or truncated file, or
         one of a model with another configuration, is a clear `ValueError`

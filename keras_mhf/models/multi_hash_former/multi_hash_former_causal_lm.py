@@ -208,6 +208,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             return convert_multi_hash_former.load_authors_checkpoint(
                 cls, preset, load_weights=load_weights, **kwargs
             )
+        kwargs = keras_utils.keep_saved_precision(preset, kwargs)
         given = contextlib.nullcontext()
         if "scoring_temperature" in kwargs:  # the task's setting, chosen
             given = task_settings_given()

@@ -137,6 +137,13 @@ class StandardBackbone(Backbone):
             self, path, overwrite, max_position_embeddings
         )
 
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """`Backbone.from_preset` in the precision the preset was saved in
+        unless `dtype=` says otherwise (`keras_utils.keep_saved_precision`)."""
+        kwargs = keras_utils.keep_saved_precision(preset, kwargs)
+        return super().from_preset(preset, load_weights=load_weights, **kwargs)
+
     def load_weights(self, filepath, *args, **kwargs):
         """`keras.Model.load_weights`; a preset's weight file is read only
         if the preset's files agree with each other
