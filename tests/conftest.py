@@ -39,6 +39,7 @@ BACKEND_INDEPENDENT = {
     # The command line's argument handling and one smoke run per subcommand;
     # the functions behind them are tested on every backend.
     "test_cli.py",
+    "test_quickstart.py",
     "test_docs_commands.py",
 }
 
