@@ -292,14 +292,16 @@ def preset_dtype(serialized):
 
 def keep_saved_precision(preset, kwargs):
     """`from_preset`'s `kwargs` with `dtype` set to the precision a local
-    preset was saved in, unless the caller gave one.
+    preset was saved in, unless the caller chose one.
 
     KerasHub casts a preset saved under a plain float policy (e.g.
     "bfloat16") to Keras' current policy, so a bfloat16 run's preset would
     reload in float32 (twice the memory, other numbers). keras_mhf's models
-    load in the saved precision; `dtype=` still chooses another. Policies
-    that are not a plain float (mixed, quantized) KerasHub keeps as saved."""
-    if kwargs.get("dtype") is not None:
+    load in the saved precision; `dtype=`, or a global policy set with
+    `keras.config.set_dtype_policy`, still chooses another. Policies that
+    are not a plain float (mixed, quantized) KerasHub keeps as saved."""
+    chosen = keras.config.dtype_policy().name != "float32"
+    if kwargs.get("dtype") is not None or chosen:
         return kwargs
     path = os.path.join(str(preset), "config.json")
     if not os.path.isfile(path):

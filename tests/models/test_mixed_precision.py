@@ -89,3 +89,10 @@ def test_a_bfloat16_preset_reloads_in_bfloat16(
     assert backbone.from_preset(str(tmp_path)).dtype_policy.name == "bfloat16"
     cast = task.from_preset(str(tmp_path), dtype="float32")
     assert cast.backbone.dtype_policy.name == "float32"
+    keras.config.set_dtype_policy("float16")  # a global choice is honoured
+    try:
+        assert task.from_preset(str(tmp_path)).backbone.dtype_policy.name == (
+            "float16"
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
