@@ -35,6 +35,7 @@ import functools
 import glob
 import math
 import os
+import sys
 import threading
 import time
 
@@ -355,6 +356,41 @@ def check_manifest(directory, manifest):
     return None
 
 
+# `sys.unraisablehook` while a writer is open (`_quiet_closed_loops`).
+_HOOK = {"writers": 0, "failed": False, "previous": None}
+
+
+def _closed_loop_filter(unraisable):
+    """Drops the one secondary error of a failed write: Orbax runs a
+    write's TensorStore operations in an event loop that it closes at the
+    first failure; the others end later, and TensorStore's threads report
+    that they cannot call back into the closed loop (`RuntimeError: Event
+    loop is closed`, with no object). Everything else goes on to the
+    previous hook."""
+    if unraisable.object is None and (
+        isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"
+    ):
+        return
+    _HOOK["previous"](unraisable)
+
+
+def _quiet_closed_loops(opened):
+    """Counts open writers (`opened` is +1 or -1) and keeps
+    `_closed_loop_filter` installed while one is open, and for the rest of
+    the process once a write failed (its operations may end at any later
+    time)."""
+    _HOOK["writers"] += opened
+    installed = sys.unraisablehook is _closed_loop_filter
+    if _HOOK["writers"] > 0 and not installed:
+        _HOOK["previous"], sys.unraisablehook = (
+            sys.unraisablehook,
+            _closed_loop_filter,
+        )
+    elif installed and _HOOK["writers"] == 0 and not _HOOK["failed"]:
+        sys.unraisablehook = _HOOK["previous"]
+
+
 class CheckpointWriter:
     """Writes checkpoints `ROOT/step_NNNNNN/` asynchronously with Orbax's
     `CheckpointManager` (see the module docstring).
@@ -391,6 +427,8 @@ class CheckpointWriter:
         self._manager = ocp.CheckpointManager(
             root, options=options, item_names=(VARIABLES,)
         )
+        self._open = True
+        _quiet_closed_loops(+1)
 
     def save(self, step, lm, state, check_finite=True):
         """Starts writing the checkpoint of `step` (after the previous one
@@ -444,6 +482,7 @@ class CheckpointWriter:
         self._starter.join()
         self._starter, error, self._start_error = None, self._start_error, None
         if error is not None:
+            _HOOK["failed"] = True
             raise error
 
     def directory(self, step):
@@ -480,6 +519,9 @@ class CheckpointWriter:
                 self._join_starter()
             finally:
                 self._manager.wait_until_finished()
+        except BaseException:
+            _HOOK["failed"] = True
+            raise
         finally:
             self._pending = None
         if step is not None:
@@ -496,6 +538,9 @@ class CheckpointWriter:
                 self._join_starter()
             finally:
                 self._manager.close()
+                if self._open:
+                    self._open = False
+                    _quiet_closed_loops(-1)
 
 
 def restore_variables(directory, lm):

@@ -159,3 +159,48 @@ def test_non_finite_values_packed_or_not_stop_the_commit(tmp_path, monkeypatch):
     )
     # Not committed (the temporary directory goes with the next writer).
     assert all(TEMPORARY_MARK in name for name in os.listdir(tmp_path))
+
+
+def test_an_open_writer_drops_only_the_closed_event_loop_report(
+    tmp_path, monkeypatch
+):
+    """A failed Orbax write closes its event loop while other TensorStore
+    operations of the write are still running; when they end, TensorStore
+    reports `RuntimeError: Event loop is closed` as unraisable (no object),
+    which Python prints as a traceback. A writer drops that report, and
+    only it, while it is open (and after a failed write, for good)."""
+    import sys
+    import types
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    monkeypatch.setattr(
+        checkpoint_store,
+        "_HOOK",
+        {"writers": 0, "failed": False, "previous": None},
+    )
+
+    def report(error, obj=None):
+        sys.unraisablehook(
+            types.SimpleNamespace(
+                exc_type=type(error),
+                exc_value=error,
+                exc_traceback=None,
+                err_msg=None,
+                object=obj,
+            )
+        )
+
+    closed = RuntimeError("Event loop is closed")
+    writer = CheckpointWriter(str(tmp_path), keep=1)
+    report(closed)
+    report(RuntimeError("something else"))
+    report(closed, obj="a __del__")
+    writer.close()
+    assert [str(u.exc_value) for u in seen] == [
+        "something else",
+        "Event loop is closed",
+    ]
+    assert sys.unraisablehook == seen.append  # restored at close
+    report(closed)
+    assert len(seen) == 3

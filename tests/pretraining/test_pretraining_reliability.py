@@ -283,6 +283,8 @@ def test_a_disk_that_fills_during_a_checkpoint_write_exits_cleanly(
             "while writing checkpoint step_000001 in "
         ), last
         assert "free space (or raise the file-size limit) and rerun" in last
+        assert "Traceback" not in done.stderr
+        assert "Event loop is closed" not in done.stderr
         leftovers = [
             name
             for _, dirs, files in os.walk(output)
@@ -378,8 +380,11 @@ def test_a_file_size_limit_during_a_background_write_is_one_clear_line(
         "keras-mhf pretrain: error: DiskFullError: a file reached the "
         "file-size limit (ulimit -f) while writing checkpoint step_000001"
     ), last
-    # No absl log lines (Orbax logs each failed write with its traceback).
+    # No absl log lines (Orbax logs each failed write with its traceback),
+    # nor TensorStore's report that the failed write's event loop is closed.
     assert "absl" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert "Event loop is closed" not in done.stderr
     assert not re.search(r"^[EWI]\d{4} ", done.stderr, re.MULTILINE)
     leftovers = [
         name
