@@ -30,13 +30,13 @@ Checkpoints are directories `OUTPUT/checkpoints/step_NNNNNN/` holding the
 variables (model weights and optimizer state, written with Orbax: each
 process its own shards, while training goes on) and the run state
 (`state.json`: step, chunk, the settings that must not change, the size and
-sha256 of every file). Each is written under a temporary name and renamed in
-one atomic step once every process has written its part; older ones are
-pruned only after that (the last `KEEP_CHECKPOINTS` are kept). Training
-data is a pure function of the seed and the global step, so a run killed at
-any point and rerun with the same settings resumes from the newest complete
-checkpoint, reads nothing it already read, and ends with the same weights, to
-the bit, as an uninterrupted run.
+sha256 of every file, the sha256 of its own fields). Each is written under a
+temporary name and renamed in one atomic step once every process has written
+its part; older ones are pruned only after that (the last `KEEP_CHECKPOINTS`
+are kept). Training data is a pure function of the seed and the global step,
+so a run killed at any point and rerun with the same settings resumes from
+the newest complete checkpoint, reads nothing it already read, and ends with
+the same weights, to the bit, as an uninterrupted run.
 
 A run stops at the first non-finite training loss (`NonFiniteLossError`) and
 never writes a checkpoint, preset or summary from non-finite weights; a

@@ -8,9 +8,10 @@ are written. It writes under a temporary name
 (`step_NNNNNN.orbax-checkpoint-tmp-*`) and renames the directory once every
 process has written its part (the atomic commit), removes temporary
 directories that a killed run left, and keeps the last `keep` checkpoints.
-Before the rename, process 0 adds `state.json` (the run state and the size
-and sha256 of every file of the checkpoint), so that a damaged file is found
-before a resume trusts it.
+Before the rename, process 0 adds `state.json` (the run state, the size
+and sha256 of every file of the checkpoint, and the sha256 of its own
+fields, `state_digest`), so that a damaged or edited file is found before a
+resume trusts it.
 
 On JAX the values are the variables' (possibly sharded) arrays, and a
 restore puts each shard straight onto the current layout (also another mesh
@@ -33,6 +34,8 @@ on a writer thread: `save` returns once the copies are made.
 
 import functools
 import glob
+import hashlib
+import json
 import math
 import os
 import sys
@@ -58,6 +61,10 @@ PACKS = "packs"  # its group of packed small variables
 # alone (the choice is measured in docs/scaling.md).
 PACK_BYTES = 2**20
 STATE_FILE = "state.json"
+# The sha256 of the rest of `state.json` (`state_digest`), in it: the file
+# cannot be in its own manifest, and an edited step or setting must not be
+# trusted.
+STATE_DIGEST = "state_sha256"
 # Orbax's step metadata (commit time), rewritten at the commit, after
 # `state.json`: outside the manifest.
 STEP_METADATA = "_CHECKPOINT_METADATA"
@@ -337,6 +344,21 @@ def file_manifest(directory, skip=(STATE_FILE, STEP_METADATA)):
     return dict(sorted(manifest.items()))
 
 
+def state_digest(state):
+    """The sha256 of a run state's fields (canonical JSON: sorted keys, no
+    spaces), `STATE_DIGEST` left out.
+
+    Example:
+
+    ```python
+    state_digest({"step": 3}) == state_digest({"step": 3, "state_sha256": 0})
+    ```
+    """
+    fields = {k: v for k, v in state.items() if k != STATE_DIGEST}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def check_manifest(directory, manifest):
     """The first problem with the files `manifest` records, or `None`."""
     for relative, expected in manifest.items():
@@ -501,6 +523,7 @@ class CheckpointWriter:
         final = self.directory(step)
         (temporary,) = glob.glob(glob.escape(final) + TEMPORARY_MARK + "*")
         state = dict(state, files=file_manifest(temporary))
+        state[STATE_DIGEST] = state_digest(state)
         write_json(os.path.join(temporary, STATE_FILE), state)
         fsync_directory(temporary)
         hooks.event("checkpoint_complete", path=temporary)

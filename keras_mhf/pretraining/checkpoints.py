@@ -22,10 +22,12 @@ import keras
 import numpy as np
 
 from keras_mhf.pretraining import checkpoint_store
+from keras_mhf.pretraining.checkpoint_store import STATE_DIGEST
 from keras_mhf.pretraining.checkpoint_store import STATE_FILE
 from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
 from keras_mhf.pretraining.checkpoint_store import CheckpointWriter
 from keras_mhf.pretraining.checkpoint_store import finite_flags_later
+from keras_mhf.pretraining.checkpoint_store import state_digest
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import CheckpointError
@@ -44,7 +46,9 @@ from keras_mhf.utils.files import write_json
 
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_FORMAT = "keras_mhf.pretraining_checkpoint"
-CHECKPOINT_VERSION = 2
+# 3: `state.json` holds the sha256 of its own fields (2, without it, is
+# still read).
+CHECKPOINT_VERSION = 3
 # Checkpoints of keras_mhf 0.1 (format version 1, still resumed): the
 # weights in `model.weights.h5`, a LoRA run's adapters beside them.
 WEIGHTS_FILE = "model.weights.h5"
@@ -191,12 +195,14 @@ def list_checkpoints(config):
 
 
 def read_checkpoint(directory):
-    """The run state of a checkpoint directory, after checking that every
-    file it records has its recorded size and sha256.
+    """The run state of a checkpoint directory, after checking it: its
+    `state.json` has the sha256 of its fields that it records (format
+    version 3) and the step of the folder's name, and every file it records
+    has its recorded size and sha256.
 
     Raises:
-        CheckpointError: unreadable state, or files that are missing,
-            truncated or damaged.
+        CheckpointError: unreadable, edited or damaged state, or files that
+            are missing, truncated or damaged.
 
     Example:
 
@@ -212,14 +218,26 @@ def read_checkpoint(directory):
     check_format(
         state,
         CHECKPOINT_FORMAT,
-        (1, CHECKPOINT_VERSION),
+        (1, 2, CHECKPOINT_VERSION),
         lambda: CheckpointError(f"its {STATE_FILE} is not a checkpoint state"),
         lambda found: CheckpointError(
-            f"it has format version {found!r}, this keras_mhf reads 1 and "
+            f"it has format version {found!r}, this keras_mhf reads 1 to "
             f"{CHECKPOINT_VERSION}"
         ),
     )
-    if state["format_version"] == 1:
+    version = state["format_version"]
+    if version >= 3 and state.get(STATE_DIGEST) != state_digest(state):
+        raise CheckpointError(
+            f"{state_path} does not match the sha256 of its fields that it "
+            "records (edited or damaged)"
+        )
+    named = _CHECKPOINT_NAME.match(os.path.basename(directory))
+    if named and state.get("step") != int(named.group(1)):
+        raise CheckpointError(
+            f"{state_path} records step {state.get('step')!r}, its folder "
+            f"step {int(named.group(1))} (edited or damaged)"
+        )
+    if version == 1:
         files = {
             state[k]["file"]: state[k]
             for k in ("weights", "lora")

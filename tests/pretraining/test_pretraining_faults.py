@@ -220,6 +220,67 @@ def test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start(
     assert "step_000003.unusable" in names and "step_000004.unusable" in names
 
 
+def edit_state(checkpoint, **fields):
+    path = os.path.join(checkpoint, "state.json")
+    with open(path) as f:
+        state = json.load(f)
+    state.update(fields)
+    with open(path, "w") as f:
+        json.dump(state, f)
+    return state
+
+
+def test_an_edited_state_json_makes_its_checkpoint_unusable(
+    tmp_path, corpus, reference
+):
+    """`state.json` is checked like the checkpoint's other files: an
+    edited step (which once resumed at the wrong step and ended in Orbax's
+    `StepAlreadyExistsError`) sets the checkpoint aside, naming the file,
+    and the previous one is used; a checkpoint of format version 2 (no
+    sha256 of the state's fields) is still resumed."""
+    output = copy_run(reference, tmp_path / "run", keep_steps=(2, 3, 4))
+    step_3, step_4 = (
+        os.path.join(output, "checkpoints", f"step_00000{s}") for s in (3, 4)
+    )
+    kept = os.path.join(tmp_path, "only_step_4")
+    os.makedirs(os.path.join(kept, "checkpoints"))
+    shutil.copytree(step_4, os.path.join(kept, "checkpoints", "step_000004"))
+    state = edit_state(step_3, format_version=2)
+    del state["state_sha256"]
+    with open(os.path.join(step_3, "state.json"), "w") as f:
+        json.dump(state, f)
+    edit_state(step_4, step=3)
+    with pytest.warns(UserWarning) as warned:
+        lm, summary = pretrain(corpus[0], output, **RUN)
+    assert any(
+        re.search(
+            re.escape(step_4)
+            + r" \(step 4\) is unusable \("
+            + re.escape(os.path.join(step_4, "state.json"))
+            + r" does not match the sha256",
+            str(w.message),
+        )
+        for w in warned
+    ), [str(w.message) for w in warned]
+    assert summary["finished"]
+    assert_same_state(state_of(lm), reference[0])
+    names = checkpoints(output)
+    assert "step_000004.unusable" in names and "step_000004" in names
+    # The edit made with the sha256 too: the step is not the folder's.
+    state = edit_state(os.path.join(kept, "checkpoints", "step_000004"), step=3)
+    from keras_mhf.pretraining.checkpoint_store import state_digest
+
+    edit_state(
+        os.path.join(kept, "checkpoints", "step_000004"),
+        state_sha256=state_digest(state),
+    )
+    with pytest.raises(
+        CheckpointError, match=r"none can be loaded.*state.json records step 3"
+    ):
+        pretrain(corpus[0], kept, **RUN)
+    assert checkpoints(kept) == ["step_000004"]
+
+
 @pytest.mark.parametrize(
     "change, named",
     [
