@@ -13,7 +13,8 @@
    the fixed validation windows.
 4. `build_run_model` builds the seeded model and its optimizer.
 5. `resume` loads the newest complete checkpoint, if any, and returns the
-   global step to continue from.
+   global step to continue from (the run's checkpoints are one
+   `RunCheckpoints`, kept on its `RunConfig`).
 6. For each chunk of `checkpoint_every` optimizer steps: `train_chunk` (one
    `fit` call on the windows of those steps, drawn from `(seed, step)`, see
    `keras_mhf.data.window_dataset`), `write_log_row` (validation perplexity,
@@ -60,7 +61,7 @@ The modules, in the order a run uses them:
 | `data` | tokenizer sample and training, `RunData`, `load_data` |
 | `logs` | `log.csv` rows (`write_log_row`, `trim_log`), `plot_log` |
 | `checkpoint_store` | Orbax: the variables written and read, `state.json` |
-| `checkpoints` | checkpoint directories: save, read, list, resume |
+| `checkpoints` | `RunCheckpoints`: a run's checkpoints (resume, save) |
 | `training` | optimizer, models, `train_chunk` and its non-finite stop |
 | `validation` | the final calibration and held-out validation |
 | `run` | `finish` (preset, summary) and `pretrain` |
@@ -70,7 +71,7 @@ The modules, in the order a run uses them:
 `DiskFullError` and `OutputLockedError` (from `keras_mhf.utils`) are
 re-exported here too. The run's API is re-exported here; the helpers the
 modules share (e.g.
-`config.is_primary`, `checkpoints.check_finite`, `keras_mhf.utils.files`) are
+`config.is_primary`, `checkpoints.variable_bytes`, `keras_mhf.utils.files`) are
 imported from their module. To replace something for a test or a tool,
 patch the module that defines it, which is where the run looks it up
 (e.g. `keras_mhf.pretraining.hooks.event`, the same module as
@@ -96,6 +97,7 @@ from keras_mhf.pretraining.checkpoints import CHECKPOINTS
 from keras_mhf.pretraining.checkpoints import KEEP_CHECKPOINTS
 from keras_mhf.pretraining.checkpoints import STATE_FILE
 from keras_mhf.pretraining.checkpoints import WEIGHTS_FILE
+from keras_mhf.pretraining.checkpoints import RunCheckpoints
 from keras_mhf.pretraining.checkpoints import checkpoint_directory
 from keras_mhf.pretraining.checkpoints import close_checkpoints
 from keras_mhf.pretraining.checkpoints import latest_checkpoint

@@ -38,6 +38,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import threading
 import time
@@ -69,6 +70,7 @@ STATE_DIGEST = "state_sha256"
 # `state.json`: outside the manifest.
 STEP_METADATA = "_CHECKPOINT_METADATA"
 STEP_PREFIX, STEP_DIGITS = "step", 6
+_STEP_NAME = re.compile(rf"^{STEP_PREFIX}_(\d+)$")
 # Orbax's mark of a directory being written (`ocp.path.step.TMP_DIR_SUFFIX`).
 TEMPORARY_MARK = ".orbax-checkpoint-tmp"
 
@@ -168,6 +170,18 @@ def _packs_on_device(packs, check):
     if not checked:
         return flats, keras.ops.zeros((0,), "bool")
     return flats, all_finite(checked)
+
+
+def step_name(step):
+    """The name of a step's checkpoint folder (Orbax's): `step_000123`."""
+    return f"{STEP_PREFIX}_{step:0{STEP_DIGITS}d}"
+
+
+def step_of(name):
+    """The step of a checkpoint folder's name, or `None` for another name
+    (a temporary or set-aside folder)."""
+    match = _STEP_NAME.match(name)
+    return int(match.group(1)) if match else None
 
 
 def _key(index):
@@ -508,7 +522,7 @@ class CheckpointWriter:
             raise error
 
     def directory(self, step):
-        return os.path.join(self.root, f"{STEP_PREFIX}_{step:0{STEP_DIGITS}d}")
+        return os.path.join(self.root, step_name(step))
 
     def _write_state(self):
         """Orbax's hook on process 0 once every process has written its

@@ -2,19 +2,23 @@
 `OUTPUT/checkpoints/step_NNNNNN/` holding the variables (model weights and
 optimizer state, written with Orbax by `checkpoint_store`, each process its
 own shards) and the run state (`state.json`: step, chunk, the settings that
-must not change, and the size and sha256 of every file of the checkpoint).
+must not change, the size and sha256 of every file of the checkpoint, and
+the sha256 of its own fields).
 
-A checkpoint is written asynchronously (training goes on while it is
-written) under a temporary name and renamed in one atomic step once
-complete; Orbax keeps the last `KEEP_CHECKPOINTS`. `resume` loads the newest
-complete one after checking its files; nothing non-finite is ever committed
-(the values are checked while they are written). Checkpoints of keras_mhf
-0.1 (`model.weights.h5`, format version 1) are still read.
+`RunCheckpoints` owns one run's checkpoints (one per `RunConfig`): their
+folder and names, the writer, resume, save, wait and close; the functions
+of the run's API (`resume`, `save_checkpoint`, ...) act on it. A checkpoint
+is written asynchronously (training goes on while it is written) under a
+temporary name and renamed in one atomic step once complete; Orbax keeps the
+last `KEEP_CHECKPOINTS`. `resume` loads the newest usable one after checking
+its files (`read_checkpoint`); nothing non-finite is ever committed (the
+values are checked while they are written). Checkpoints of keras_mhf 0.1
+(`model.weights.h5`, format version 1) and of format version 2 are still
+read.
 """
 
 import math
 import os
-import re
 import shutil
 import warnings
 
@@ -28,6 +32,8 @@ from keras_mhf.pretraining.checkpoint_store import TEMPORARY_MARK
 from keras_mhf.pretraining.checkpoint_store import CheckpointWriter
 from keras_mhf.pretraining.checkpoint_store import finite_flags_later
 from keras_mhf.pretraining.checkpoint_store import state_digest
+from keras_mhf.pretraining.checkpoint_store import step_name
+from keras_mhf.pretraining.checkpoint_store import step_of
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import CheckpointError
@@ -54,7 +60,6 @@ CHECKPOINT_VERSION = 3
 WEIGHTS_FILE = "model.weights.h5"
 LORA_FILE = "model.lora.h5"
 KEEP_CHECKPOINTS = 2
-_CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 _TEMPORARY_PREFIX = ".tmp-"
 _UNUSABLE_SUFFIX = ".unusable"
 
@@ -160,8 +165,298 @@ def _optimizer_settings(config):
     }
 
 
+class RunCheckpoints:
+    """The checkpoints of one run, `OUTPUT/checkpoints/step_NNNNNN/`: their
+    folder, their names, the writer of the run's checkpoints
+    (`checkpoint_store.CheckpointWriter`, made at the first `save`), and
+    what a run does with them: `resume`, `save`, `wait`, `close`. One per
+    run, kept on its `RunConfig`: `RunCheckpoints.of(config)`.
+
+    Error messages name checkpoints by their folder names
+    (`last_committed`); only `latest` (on resume) reads, checks and sets
+    aside checkpoints.
+
+    Example:
+
+    ```python
+    checkpoints = RunCheckpoints.of(config)
+    step = checkpoints.resume(lm, data)
+    checkpoints.save(lm, data, step + 1, validation_loss=5.2)
+    checkpoints.close()
+    ```
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.root = config.path(CHECKPOINTS)
+        self._writer = None
+
+    @classmethod
+    def of(cls, config):
+        """The checkpoints of the run of `config` (made on first use)."""
+        if getattr(config, "_checkpoints", None) is None:
+            config._checkpoints = cls(config)
+        return config._checkpoints
+
+    def directory(self, step):
+        """`OUTPUT/checkpoints/step_NNNNNN` of a global step."""
+        return os.path.join(self.root, step_name(step))
+
+    def committed(self):
+        """`[(step, directory)]` of the checkpoint folders, newest first
+        (complete by construction: only the commit's rename names them)."""
+        if not os.path.isdir(self.root):
+            return []
+        found = []
+        for name in os.listdir(self.root):
+            step, path = step_of(name), os.path.join(self.root, name)
+            if step is not None and os.path.isdir(path):
+                found.append((step, path))
+        return sorted(found, reverse=True)
+
+    def last_committed(self):
+        """`(directory, step)` of the newest committed checkpoint, by its
+        folder name, once the write in flight (if any) has ended; or
+        `None`. For messages: it reads, checks and moves nothing."""
+        self.wait()
+        found = self.committed()
+        return (found[0][1], found[0][0]) if found else None
+
+    def latest(self):
+        """`(directory, state)` of the newest usable checkpoint, or `None`.
+
+        An unusable newer one (see `read_checkpoint`) is renamed
+        `step_NNNNNN.unusable` with a warning naming it, and the previous
+        one is used. When none is usable, nothing is moved and the run is
+        refused, the same way on every rerun, unless
+        `config.discard_unusable_checkpoints` says to set them all aside
+        and train from step 0.
+
+        Raises:
+            CheckpointError: checkpoints exist but none is usable.
+        """
+        self.wait()
+        unusable = []
+        for step, directory in self.committed():
+            try:
+                state = read_checkpoint(directory)
+            except CheckpointError as error:
+                unusable.append((step, directory, error))
+                continue
+            _set_aside(unusable, "the previous complete checkpoint is used")
+            return directory, state
+        if unusable and not self.config.discard_unusable_checkpoints:
+            raise CheckpointError(
+                f"{self.config.output_dir} holds checkpoints, but none can be "
+                "loaded: "
+                + "; ".join(f"{d}: {e}" for _, d, e in unusable)
+                + ". Nothing was loaded or moved. Rerun with "
+                "--discard-unusable-checkpoints to set them aside and train "
+                "from step 0, or use a new --output."
+            )
+        _set_aside(unusable, "the run trains from step 0")
+        return None
+
+    def remove_stale(self):
+        """Removes the temporary folders that a killed or failed write left
+        (Orbax's, and 0.1's `.tmp-*`)."""
+        if not os.path.isdir(self.root) or not is_primary():
+            return
+        for name in os.listdir(self.root):
+            if name.startswith(_TEMPORARY_PREFIX) or TEMPORARY_MARK in name:
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+    def resume(self, lm, data):
+        """Step "resume": loads the newest usable checkpoint into `lm`
+        (weights and optimizer state) and returns the global step to
+        continue from (0 for a new run). See `resume`."""
+        config = self.config
+        if os.path.exists(config.path("checkpoint.json")):
+            raise RunConfigError(
+                f"{config.output_dir} holds a checkpoint of an earlier "
+                "keras_mhf version (checkpoint.json, checkpoint.weights.h5), "
+                "which this version cannot resume; use a new --output."
+            )
+        self.remove_stale()
+        found = self.latest()
+        if found is None:
+            _check_same_step_everywhere(0)
+            if os.path.exists(config.path("log.csv")) and is_primary():
+                os.remove(config.path("log.csv"))
+            return 0
+        directory, state = found
+        _check_same_step_everywhere(state["step"])
+        wanted = run_settings(config, data)
+        recorded = _recorded_settings(state["settings"])
+        if recorded != wanted:
+            raise RunConfigError(
+                f"{config.output_dir} holds a checkpoint (step {state['step']}"
+                ") of a run with different settings ("
+                + _differences(recorded, wanted)
+                + "). Rerun with the settings it was made with to resume it, "
+                "or use a new --output."
+            )
+        # Checkpoints of 0.1 do not name the optimizer: Keras' AdamW.
+        recorded = {"optimizer": "keras_adamw", **state["optimizer"]}
+        changed = _differences(recorded, _optimizer_settings(config))
+        if changed:
+            warnings.warn(
+                f"Resuming from step {state['step']} with other optimizer "
+                f"settings ({changed}); the run is no longer the same as an "
+                "uninterrupted one.",
+                stacklevel=3,
+            )
+        lm.optimizer.build(lm.trainable_variables)
+        _load(directory, state, lm)
+        trim_log(config, state["step"])
+        if config.verbose:
+            print(f"Resuming from step {state['step']} ({directory}).")
+        return state["step"]
+
+    def save(self, lm, data, step, train_loss=None, validation_loss=None):
+        """Step "checkpoint": starts writing the checkpoint of `step` and
+        returns while it is written. See `save_checkpoint`."""
+        config = self.config
+        alone = process_layout()[1] == 1
+        if not alone:  # the writing thread cannot run collectives: check now
+            self.check_finite(lm, step, "checkpoint")
+        if validation_loss is not None and not math.isfinite(validation_loss):
+            raise self.non_finite_stop(
+                NonFiniteLossError,
+                f"the validation loss became non-finite ({validation_loss}) "
+                f"at step {step} although the training loss was finite "
+                f"({train_loss}); no checkpoint was written from these "
+                "weights.",
+                step,
+            )
+        if self._writer is None:
+            if is_primary():
+                os.makedirs(self.root, exist_ok=True)
+            self._writer = CheckpointWriter(self.root, KEEP_CHECKPOINTS)
+        self.wait()
+        if is_primary():
+            found = self.committed()
+            check_free_space(
+                self.root,
+                directory_bytes(found[0][1])
+                if found
+                else variable_bytes(lm) * 11 // 10,
+                f"checkpoint {step_name(step)}",
+                self.resume_advice,
+            )
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "format_version": CHECKPOINT_VERSION,
+            "step": step,
+            "chunk": math.ceil(step / config.checkpoint_every),
+            "tokens_seen": step * config.batch_size * config.sequence_length,
+            "train_loss": None if train_loss is None else float(train_loss),
+            "validation_loss": (
+                None if validation_loss is None else float(validation_loss)
+            ),
+            "settings": run_settings(config, data),
+            "optimizer": _optimizer_settings(config),
+        }
+        self._writer.save(step, lm, state, check_finite=alone)
+        return self.directory(step)
+
+    def wait(self):
+        """Waits until the checkpoint being written (if any) is committed.
+        See `wait_for_checkpoints`."""
+        if self._writer is None:
+            return
+        step = self._writer.pending_step
+        try:
+            self._writer.wait()
+        except Exception as error:  # Orbax re-raises the writing thread's
+            non_finite = _caused_by(error, NonFiniteValues)
+            full = disk_full_reason(error)
+            if non_finite is None and full is None:
+                raise
+            self.close(wait=False)
+            self.remove_stale()
+            if non_finite is not None:
+                raise self.non_finite_stop(
+                    NonFiniteWeightsError,
+                    f"the weights became non-finite by step {step} ("
+                    f"{len(non_finite.paths)} variables, e.g. "
+                    f"{non_finite.paths[0]}) although the training loss "
+                    "stayed finite; no checkpoint was written from them.",
+                    step,
+                ) from None
+            raise DiskFullError(
+                f"{full} while writing checkpoint {step_name(step)} in "
+                f"{self.root} ({str(error).splitlines()[0][:120]}); the "
+                "temporary directory was removed. " + self.resume_advice()
+            ) from None
+
+    def close(self, wait=True):
+        """Waits for the checkpoint being written (unless `wait=False`) and
+        releases the writer (a later `save` makes a new one)."""
+        try:
+            if wait:
+                self.wait()
+        finally:
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.close(wait=False)
+
+    def resume_advice(self):
+        """What to do after a full disk: the last complete checkpoint."""
+        kept = self.last_committed()
+        where = (
+            f"The last complete checkpoint is step {kept[1]} ({kept[0]})"
+            if kept
+            else "No checkpoint had been written yet"
+        )
+        return (
+            f"{where}; free space (or raise the file-size limit) and rerun "
+            "the same command to resume."
+        )
+
+    def non_finite_stop(self, error_class, message, step):
+        """The error that stops a diverged run (a `NonFiniteTrainingError`
+        subclass): `message`, then the last good checkpoint and what to
+        change."""
+        kept = self.last_committed()
+        if kept is None:
+            where = "No checkpoint had been written yet."
+        else:
+            where = (
+                f"The last good checkpoint (step {kept[1]}: finite weights, "
+                "optimizer state and validation loss) is kept in "
+                f"{kept[0]}."
+            )
+        return error_class(
+            f"{message} {where} Rerun with a lower --learning-rate (it was "
+            f"{self.config.learning_rate:g}) to resume from "
+            + ("there" if kept else "the start")
+            + ", or start again with a new --output.",
+            step,
+            kept[0] if kept else None,
+        )
+
+    def check_finite(self, lm, step, what):
+        """Raises `NonFiniteWeightsError` if a model or optimizer variable
+        holds NaN or infinity (no `what` is written from them)."""
+        bad = _non_finite_variables(lm)
+        if bad:
+            raise self.non_finite_stop(
+                NonFiniteWeightsError,
+                f"the weights became non-finite by step {step} ({len(bad)} "
+                f"variables, e.g. {bad[0]}) although the training loss "
+                f"stayed finite; no {what} was written from them.",
+                step,
+            )
+
+
+# The run's API on a `RunConfig` (`keras_mhf.pretraining` exports these):
+# each acts on the run's `RunCheckpoints.of(config)`.
+
+
 def checkpoint_directory(config, step):
-    """`OUTPUT/checkpoints/step_NNNNNN` of a global step.
+    """`OUTPUT/checkpoints/step_NNNNNN` of a global step
+    (`RunCheckpoints.directory`).
 
     Example:
 
@@ -169,29 +464,99 @@ def checkpoint_directory(config, step):
     checkpoint_directory(config, 4)  # "runs/mhf/checkpoints/step_000004"
     ```
     """
-    return os.path.join(config.path(CHECKPOINTS), f"step_{step:06d}")
+    return RunCheckpoints.of(config).directory(step)
 
 
 def list_checkpoints(config):
-    """`[(step, directory)]` of the checkpoint directories (complete by
-    construction: only an atomic rename gives them their name), newest
-    first.
+    """`[(step, directory)]` of the committed checkpoints, newest first
+    (`RunCheckpoints.committed`)."""
+    return RunCheckpoints.of(config).committed()
+
+
+def latest_checkpoint(config):
+    """`(directory, state)` of the newest usable checkpoint, or `None`
+    (`RunCheckpoints.latest`: an unusable newer one is set aside; none
+    usable is a `CheckpointError` unless
+    `config.discard_unusable_checkpoints`)."""
+    return RunCheckpoints.of(config).latest()
+
+
+def resume(config, lm, data):
+    """Step "resume": loads the newest usable checkpoint of
+    `config.output_dir` into `lm` (weights and optimizer state) and returns
+    the global step to continue from (0 for a new run).
+
+    Raises:
+        RunConfigError: the checkpoint belongs to a run with other settings
+            (see `run_settings`), or the directory holds a checkpoint of an
+            earlier keras_mhf layout.
+        CheckpointError: there are checkpoints but none is usable.
 
     Example:
 
     ```python
-    [step for step, _ in list_checkpoints(config)]  # e.g. [300, 250]
+    lm = build_run_model(config, data.tokenizer)
+    step = resume(config, lm, data)  # 0, or the newest checkpoint's step
     ```
     """
-    root = config.path(CHECKPOINTS)
-    if not os.path.isdir(root):
-        return []
-    found = []
-    for name in os.listdir(root):
-        match = _CHECKPOINT_NAME.match(name)
-        if match and os.path.isdir(os.path.join(root, name)):
-            found.append((int(match.group(1)), os.path.join(root, name)))
-    return sorted(found, reverse=True)
+    return RunCheckpoints.of(config).resume(lm, data)
+
+
+def save_checkpoint(
+    config, lm, data, step, train_loss=None, validation_loss=None
+):
+    """Step "checkpoint": starts writing the variables (model weights and
+    optimizer state) and the run state as `checkpoints/step_NNNNNN/`, and
+    returns its directory while it is written (`wait_for_checkpoints`
+    waits). Older checkpoints are pruned once it is committed (the last
+    `KEEP_CHECKPOINTS` stay). Every process calls it (each writes its own
+    shards).
+
+    Only a good checkpoint is written: finite weights and optimizer state
+    (checked while they are written; in a multi-process job, before: a
+    non-finite value stops the commit, and the error comes from the next
+    wait) and a finite `validation_loss`. Before writing, the free space is
+    checked against the size of the last checkpoint (or, for the first, of
+    the variables).
+
+    Raises:
+        NonFiniteWeightsError: a weight of this checkpoint (multi-process)
+            or of the previous one is NaN or infinite (it was not written).
+        NonFiniteLossError: `validation_loss` is NaN or infinite (nothing is
+            written).
+        DiskFullError: the file system is (or would be) full, or it filled
+            up while the previous checkpoint was written; temporary
+            directories are removed and older checkpoints are kept.
+
+    Example:
+
+    ```python
+    save_checkpoint(config, lm, data, step=100, validation_loss=5.2)
+    ```
+    """
+    return RunCheckpoints.of(config).save(
+        lm, data, step, train_loss, validation_loss
+    )
+
+
+def wait_for_checkpoints(config):
+    """Waits until the checkpoint being written (if any) is committed.
+
+    Raises:
+        DiskFullError: the disk filled up (or a file reached the file-size
+            limit) during the write; its temporary directory is removed and
+            the message names the last complete checkpoint.
+        NonFiniteWeightsError: a value of the checkpoint was NaN or
+            infinite, so it was not committed (its temporary directory is
+            removed; the message names the last good checkpoint).
+    """
+    RunCheckpoints.of(config).wait()
+
+
+def close_checkpoints(config, wait=True):
+    """Waits for the checkpoint being written (unless `wait=False`) and
+    releases the run's writer (`RunCheckpoints.close`)."""
+    RunCheckpoints.of(config).close(wait)
 
 
 def read_checkpoint(directory):
@@ -231,11 +596,11 @@ def read_checkpoint(directory):
             f"{state_path} does not match the sha256 of its fields that it "
             "records (edited or damaged)"
         )
-    named = _CHECKPOINT_NAME.match(os.path.basename(directory))
-    if named and state.get("step") != int(named.group(1)):
+    named = step_of(os.path.basename(directory))
+    if named is not None and state.get("step") != named:
         raise CheckpointError(
             f"{state_path} records step {state.get('step')!r}, its folder "
-            f"step {int(named.group(1))} (edited or damaged)"
+            f"step {named} (edited or damaged)"
         )
     if version == 1:
         files = {
@@ -249,49 +614,6 @@ def read_checkpoint(directory):
     if problem is not None:
         raise CheckpointError(problem)
     return state
-
-
-def latest_checkpoint(config):
-    """`(directory, state)` of the newest usable checkpoint, or `None` when
-    there is none.
-
-    An unusable newer checkpoint (damaged weights, unreadable state) is
-    renamed `step_NNNNNN.unusable` with a warning naming it, and the previous
-    one is used. When none is usable, nothing is moved and the run is
-    refused, the same way on every rerun, unless
-    `config.discard_unusable_checkpoints` says to set them all aside and
-    train from step 0.
-
-    Raises:
-        CheckpointError: checkpoints exist but none is usable.
-
-    Example:
-
-    ```python
-    found = latest_checkpoint(config)
-    step = found[1]["step"] if found else 0
-    ```
-    """
-    wait_for_checkpoints(config)
-    unusable = []
-    for step, directory in list_checkpoints(config):
-        try:
-            state = read_checkpoint(directory)
-        except CheckpointError as error:
-            unusable.append((step, directory, error))
-            continue
-        _set_aside(unusable, "the previous complete checkpoint is used")
-        return directory, state
-    if unusable and not config.discard_unusable_checkpoints:
-        raise CheckpointError(
-            f"{config.output_dir} holds checkpoints, but none can be loaded: "
-            + "; ".join(f"{d}: {e}" for _, d, e in unusable)
-            + ". Nothing was loaded or moved. Rerun with "
-            "--discard-unusable-checkpoints to set them aside and train from "
-            "step 0, or use a new --output."
-        )
-    _set_aside(unusable, "the run trains from step 0")
-    return None
 
 
 def _set_aside(unusable, instead):
@@ -310,84 +632,12 @@ def _set_aside(unusable, instead):
         )
 
 
-def _remove_stale(config):
-    """Removes temporary checkpoint directories that a killed run left
-    (Orbax's, and 0.1's `.tmp-*`)."""
-    root = config.path(CHECKPOINTS)
-    if not os.path.isdir(root) or not is_primary():
-        return
-    for name in os.listdir(root):
-        if name.startswith(_TEMPORARY_PREFIX) or TEMPORARY_MARK in name:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-
-
 def _differences(found, wanted, where="in the checkpoint"):
     keys = [k for k in wanted if found.get(k) != wanted[k]]
     return "; ".join(
         f"{k}: {str(found.get(k))[:16]} {where}, now {str(wanted[k])[:16]}"
         for k in keys
     )
-
-
-def resume(config, lm, data):
-    """Step "resume": loads the newest complete checkpoint of
-    `config.output_dir` into `lm` (weights and optimizer state) and returns
-    the global step to continue from (0 for a new run).
-
-    Raises:
-        RunConfigError: the checkpoint belongs to a run with other settings
-            (see `run_settings`), or the directory holds a checkpoint of an
-            earlier keras_mhf layout.
-        CheckpointError: there are checkpoints but none is usable.
-
-    Example:
-
-    ```python
-    lm = build_run_model(config, data.tokenizer)
-    step = resume(config, lm, data)  # 0, or the newest checkpoint's step
-    ```
-    """
-    if os.path.exists(config.path("checkpoint.json")):
-        raise RunConfigError(
-            f"{config.output_dir} holds a checkpoint of an earlier keras_mhf "
-            "version (checkpoint.json, checkpoint.weights.h5), which this "
-            "version cannot resume; use a new --output."
-        )
-    _remove_stale(config)
-    found = latest_checkpoint(config)
-    if found is None:
-        _check_same_step_everywhere(0)
-        if os.path.exists(config.path("log.csv")) and is_primary():
-            os.remove(config.path("log.csv"))
-        return 0
-    directory, state = found
-    _check_same_step_everywhere(state["step"])
-    wanted = run_settings(config, data)
-    recorded = _recorded_settings(state["settings"])
-    if recorded != wanted:
-        raise RunConfigError(
-            f"{config.output_dir} holds a checkpoint (step {state['step']}) "
-            "of a run with different settings ("
-            + _differences(recorded, wanted)
-            + "). Rerun with the settings it was made with to resume it, or "
-            "use a new --output."
-        )
-    # Checkpoints of 0.1 do not name the optimizer: Keras' AdamW.
-    recorded = {"optimizer": "keras_adamw", **state["optimizer"]}
-    changed = _differences(recorded, _optimizer_settings(config))
-    if changed:
-        warnings.warn(
-            f"Resuming from step {state['step']} with other optimizer "
-            f"settings ({changed}); the run is no longer the same as an "
-            "uninterrupted one.",
-            stacklevel=2,
-        )
-    lm.optimizer.build(lm.trainable_variables)
-    _load(directory, state, lm)
-    trim_log(config, state["step"])
-    if config.verbose:
-        print(f"Resuming from step {state['step']} ({directory}).")
-    return state["step"]
 
 
 def _load(directory, state, lm):
@@ -444,245 +694,11 @@ def _non_finite_variables(lm):
     return [v.path for v, ok in zip(checked, np.asarray(finite)) if not ok]
 
 
-def non_finite_stop(config, error_class, message, step):
-    """The error that stops a diverged run (a `NonFiniteTrainingError`
-    subclass): `message`, then the last good checkpoint and what to change.
-
-    Example:
-
-    ```python
-    raise non_finite_stop(config, NonFiniteLossError, "the loss ...", 3)
-    ```
-    """
-    kept = last_committed(config)
-    return error_class(
-        message + " " + what_now(config, kept),
-        step,
-        kept[0] if kept else None,
-    )
-
-
-def check_finite(config, lm, step, what):
-    bad = _non_finite_variables(lm)
-    if bad:
-        raise non_finite_stop(
-            config,
-            NonFiniteWeightsError,
-            f"the weights became non-finite by step {step} ({len(bad)} "
-            f"variables, e.g. {bad[0]}) although the training loss stayed "
-            f"finite; no {what} was written from them.",
-            step,
-        )
-
-
-def what_now(config, kept):
-    return (
-        _kept_message(kept) + " Rerun with a lower --learning-rate (it was "
-        f"{config.learning_rate:g}) to resume from "
-        + ("there" if kept else "the start")
-        + ", or start again with a new --output."
-    )
-
-
-def _kept_message(kept):
-    if kept is None:
-        return "No checkpoint had been written yet."
-    directory, step = kept
-    return (
-        f"The last good checkpoint (step {step}: finite weights, "
-        f"optimizer state and validation loss) is kept in {directory}."
-    )
-
-
-def last_committed(config):
-    """`(directory, step)` of the newest committed checkpoint (by its folder
-    name, which only the commit gives), once the write in flight, if any,
-    has ended; or `None`. For error messages, which must read, check and
-    move no checkpoint.
-
-    Example:
-
-    ```python
-    last_committed(config)  # e.g. ("runs/mhf/checkpoints/step_000300", 300)
-    ```
-    """
-    wait_for_checkpoints(config)
-    found = list_checkpoints(config)
-    return (found[0][1], found[0][0]) if found else None
-
-
-# The writer of each output directory in this process (`checkpoint_writer`).
-_WRITERS = {}
-
-
-def checkpoint_writer(config):
-    """The `checkpoint_store.CheckpointWriter` of `config.output_dir` (made
-    on first use, kept until `close_checkpoints`).
-
-    Example:
-
-    ```python
-    checkpoint_writer(config).wait()
-    ```
-    """
-    key = os.path.abspath(config.output_dir)
-    if key not in _WRITERS:
-        root = config.path(CHECKPOINTS)
-        if is_primary():
-            os.makedirs(root, exist_ok=True)
-        _WRITERS[key] = CheckpointWriter(root, KEEP_CHECKPOINTS)
-    return _WRITERS[key]
-
-
-def wait_for_checkpoints(config):
-    """Waits until the checkpoint being written (if any) is committed.
-
-    Raises:
-        DiskFullError: the disk filled up during the write; its temporary
-            directory is removed and the message names the last complete
-            checkpoint.
-        NonFiniteWeightsError: a value of the checkpoint was NaN or
-            infinite, so it was not committed (its temporary directory is
-            removed; the message names the last good checkpoint).
-
-    Example:
-
-    ```python
-    wait_for_checkpoints(config)  # then list_checkpoints(config) is final
-    ```
-    """
-    writer = _WRITERS.get(os.path.abspath(config.output_dir))
-    if writer is None:
-        return
-    step = writer.pending_step
-    try:
-        writer.wait()
-    except Exception as error:  # Orbax re-raises the writing thread's error
-        non_finite = _caused_by(error, NonFiniteValues)
-        full = disk_full_reason(error)
-        if non_finite is None and full is None:
-            raise
-        close_checkpoints(config, wait=False)
-        _remove_stale(config)
-        if non_finite is not None:
-            raise non_finite_stop(
-                config,
-                NonFiniteWeightsError,
-                f"the weights became non-finite by step {step} ("
-                f"{len(non_finite.paths)} variables, e.g. "
-                f"{non_finite.paths[0]}) although the training loss stayed "
-                "finite; no checkpoint was written from them.",
-                step,
-            ) from None
-        raise DiskFullError(
-            f"{full} while writing checkpoint "
-            f"step_{step:06d} in {config.path(CHECKPOINTS)} "
-            f"({str(error).splitlines()[0][:120]}); the temporary directory "
-            "was removed. " + _resume_advice(config)
-        ) from None
-
-
 def _caused_by(error, kind):
     """`error`, or the exception of type `kind` it was raised from."""
     while error is not None and not isinstance(error, kind):
         error = error.__cause__ or error.__context__
     return error
-
-
-def close_checkpoints(config, wait=True):
-    """Waits for the checkpoint being written (unless `wait=False`) and
-    releases the output's writer.
-
-    Example:
-
-    ```python
-    close_checkpoints(config)  # at the end of a run
-    ```
-    """
-    key = os.path.abspath(config.output_dir)
-    try:
-        if wait:
-            wait_for_checkpoints(config)
-    finally:
-        writer = _WRITERS.pop(key, None)
-        if writer is not None:
-            writer.close(wait=False)
-
-
-def save_checkpoint(
-    config, lm, data, step, train_loss=None, validation_loss=None
-):
-    """Step "checkpoint": starts writing the variables (model weights and
-    optimizer state) and the run state as the checkpoint
-    `checkpoints/step_NNNNNN/`, and returns while it is written (see
-    `checkpoint_store`; `wait_for_checkpoints` waits). Older checkpoints
-    are pruned once it is committed (the last `KEEP_CHECKPOINTS` stay).
-
-    Only a good checkpoint is written: finite weights and optimizer state,
-    and (when given) a finite validation loss, so that the checkpoint a
-    stopped run keeps can always be resumed. The values are checked while
-    they are written (in a multi-process job, before): a non-finite one
-    stops the commit, and the error comes from the next wait (the next
-    checkpoint, the end of the run, or `wait_for_checkpoints`). Every process calls it (each
-    writes its own shards). Before writing, the free space is checked
-    against the size of the last checkpoint (or, for the first, of the
-    variables).
-
-    Raises:
-        NonFiniteWeightsError: a weight of this checkpoint (multi-process)
-            or of the previous one is NaN or infinite (it was not written).
-        NonFiniteLossError: `validation_loss` is NaN or infinite (nothing is
-            written).
-        DiskFullError: the file system is (or would be) full, or it filled
-            up while the previous checkpoint was written; temporary
-            directories are removed and older checkpoints are kept.
-
-    Returns:
-        The checkpoint directory.
-
-    Example:
-
-    ```python
-    save_checkpoint(config, lm, data, step=100, validation_loss=5.2)
-    ```
-    """
-    alone = process_layout()[1] == 1
-    if not alone:  # the writing thread cannot run collectives: check now
-        check_finite(config, lm, step, "checkpoint")
-    if validation_loss is not None and not math.isfinite(validation_loss):
-        raise non_finite_stop(
-            config,
-            NonFiniteLossError,
-            f"the validation loss became non-finite ({validation_loss}) at "
-            f"step {step} although the training loss was finite "
-            f"({train_loss}); no checkpoint was written from these weights.",
-            step,
-        )
-    writer = checkpoint_writer(config)
-    wait_for_checkpoints(config)
-    final = checkpoint_directory(config, step)
-    if is_primary():
-        check_free_space(
-            config.path(CHECKPOINTS),
-            _checkpoint_estimate(config, lm),
-            f"checkpoint {os.path.basename(final)}",
-            lambda: _resume_advice(config),
-        )
-    state = {
-        "format": CHECKPOINT_FORMAT,
-        "format_version": CHECKPOINT_VERSION,
-        "step": step,
-        "chunk": math.ceil(step / config.checkpoint_every),
-        "tokens_seen": step * config.batch_size * config.sequence_length,
-        "train_loss": None if train_loss is None else float(train_loss),
-        "validation_loss": (
-            None if validation_loss is None else float(validation_loss)
-        ),
-        "settings": run_settings(config, data),
-        "optimizer": _optimizer_settings(config),
-    }
-    writer.save(step, lm, state, check_finite=alone)
-    return final
 
 
 def variable_bytes(lm, optimizer=True):
@@ -702,25 +718,4 @@ def variable_bytes(lm, optimizer=True):
         int(np.prod(v.shape))
         * np.dtype(keras.backend.standardize_dtype(v.dtype)).itemsize
         for v in variables
-    )
-
-
-def _checkpoint_estimate(config, lm):
-    """The size of the last checkpoint, or of the variables for the first."""
-    checkpoints = list_checkpoints(config)
-    if checkpoints:
-        return directory_bytes(checkpoints[0][1])
-    return variable_bytes(lm) * 11 // 10
-
-
-def _resume_advice(config):
-    kept = last_committed(config)
-    where = (
-        f"The last complete checkpoint is step {kept[1]} ({kept[0]})"
-        if kept
-        else "No checkpoint had been written yet"
-    )
-    return (
-        f"{where}; free space (or raise the file-size limit) and rerun the "
-        "same command to resume."
     )

@@ -69,7 +69,7 @@ class NonFiniteWeightsError(NonFiniteTrainingError):
 class NonFiniteValues(ValueError):
     """A checkpoint was not committed: some of its values are NaN or
     infinite (`checkpoint_store.CheckpointWriter` raises it in its writing
-    thread; `checkpoints.wait_for_checkpoints` turns it into a
+    thread; `checkpoints.RunCheckpoints.wait` turns it into a
     `NonFiniteWeightsError` naming the last good checkpoint). `paths` names
     those variables.
 

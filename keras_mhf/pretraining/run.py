@@ -13,12 +13,8 @@ import time
 import warnings
 
 from keras_mhf.pretraining import training
-from keras_mhf.pretraining.checkpoints import check_finite
-from keras_mhf.pretraining.checkpoints import close_checkpoints
-from keras_mhf.pretraining.checkpoints import list_checkpoints
+from keras_mhf.pretraining.checkpoints import RunCheckpoints
 from keras_mhf.pretraining.checkpoints import record_run
-from keras_mhf.pretraining.checkpoints import resume
-from keras_mhf.pretraining.checkpoints import save_checkpoint
 from keras_mhf.pretraining.checkpoints import variable_bytes
 from keras_mhf.pretraining.config import RunConfig
 from keras_mhf.pretraining.config import is_primary
@@ -82,7 +78,8 @@ def finish(config, lm, data, step):
         "tokenizer": os.path.abspath(data.tokenizer_path),
         "log": os.path.abspath(config.path("log.csv")),
     }
-    checkpoints = list_checkpoints(config)
+    run_checkpoints = RunCheckpoints.of(config)
+    checkpoints = run_checkpoints.committed()
     if checkpoints:
         summary["checkpoint"] = os.path.abspath(checkpoints[0][1])
         summary["last_good_step"] = checkpoints[0][0]
@@ -92,7 +89,7 @@ def finish(config, lm, data, step):
             "command to resume"
         )
         return summary
-    check_finite(config, lm, step, "preset or summary")
+    run_checkpoints.check_finite(lm, step, "preset or summary")
     results = validate_final_model(config, lm, data)
     summary.update(results)
     if config.initial_preset is not None:  # fine-tuning: the preset's too
@@ -205,7 +202,7 @@ def _failure_summary(config, error):
         "checkpoint": None,
     }
     try:
-        checkpoints = list_checkpoints(config)
+        checkpoints = RunCheckpoints.of(config).committed()
     except OSError:
         checkpoints = []
     if checkpoints:
@@ -350,7 +347,8 @@ def _train(config):
         os.makedirs(config.output_dir, exist_ok=True)
     record_run(config, run_data)
     lm = training.build_run_model(config, run_data.tokenizer)
-    step = resume(config, lm, run_data)
+    checkpoints = RunCheckpoints.of(config)
+    step = checkpoints.resume(lm, run_data)
     validate_initial_model(config, lm, run_data, step)  # a preset's
     started = time.time()
     chunks = 0
@@ -366,8 +364,7 @@ def _train(config):
         # Looked up at call time: a test replaces it to poison a chunk.
         history = training.train_chunk(config, lm, run_data, step, last)
         row = write_log_row(config, lm, run_data, history, last, started)
-        save_checkpoint(
-            config,
+        checkpoints.save(
             lm,
             run_data,
             last,
@@ -381,16 +378,17 @@ def _train(config):
 def _run(config):
     """The steps of `pretrain` (see the package docstring), under the
     output's lock; returns `(lm, summary)`."""
+    checkpoints = RunCheckpoints.of(config)
     with run_scope(config):
         try:
             lm, run_data, step = _train(config)
             # Every checkpoint is committed before the final steps.
-            close_checkpoints(config)
+            checkpoints.close()
         except BaseException:
             # The checkpoint being written is a good one: it is committed
             # (the summary names it) before the error goes on.
             with contextlib.suppress(Exception):
-                close_checkpoints(config)
+                checkpoints.close()
             raise
         summary = finish(config, lm, run_data, step)
     return lm, summary

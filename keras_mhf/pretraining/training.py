@@ -19,8 +19,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
 )
 from keras_mhf.models.standard.standard_causal_lm import standard_causal_lm
 from keras_mhf.optimizers import BiasCorrectedAdamW
-from keras_mhf.pretraining.checkpoints import check_finite
-from keras_mhf.pretraining.checkpoints import non_finite_stop
+from keras_mhf.pretraining.checkpoints import RunCheckpoints
 from keras_mhf.pretraining.config import OPTIMIZERS
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
@@ -336,14 +335,14 @@ def train_chunk(config, lm, data, first, last):
         )
     finally:
         lm.preprocessor = preprocessor
+    checkpoints = RunCheckpoints.of(config)
     if guard.step is not None:
-        raise non_finite_stop(
-            config,
+        raise checkpoints.non_finite_stop(
             NonFiniteLossError,
             f"the training loss became non-finite ({guard.loss}) at step "
             f"{guard.step}; training stopped there and no checkpoint, preset "
             "or summary was written from the diverged weights.",
             guard.step,
         )
-    check_finite(config, lm, last, "checkpoint or log line")
+    checkpoints.check_finite(lm, last, "checkpoint or log line")
     return history
