@@ -40,6 +40,7 @@ BACKEND_INDEPENDENT = {
     # the functions behind them are tested on every backend.
     "test_cli.py",
     "test_quickstart.py",
+    "test_peer_watch.py",
     "test_docs_commands.py",
 }
 

@@ -16,8 +16,9 @@ localhost:PORT --num-processes 2 --process-id I` does (its
 every weight and its AdamW state are split along the batch axis, which
 spans both processes, and each process streams only its own rows of every
 global batch. Three jobs run: an uninterrupted one; one whose process 1 is
-SIGKILLed while checkpoint 2 is written (the launcher then stops process 0,
-as a scheduler does), restarted to the end; and the killed job's step-1
+SIGKILLed while checkpoint 2 is written (process 0 must then stop by
+itself within seconds, in one line naming process 1), restarted to the end;
+and the killed job's step-1
 checkpoint resumed by one process on one device. It checks, and prints:
 
 - each process holds only its shards (about half of the bytes);
@@ -54,6 +55,7 @@ PROCESSES, DEVICES_PER_PROCESS, SEQUENCE_LENGTH = 2, 4, 16
 # split along the batch axis, which spans both processes.
 LAYOUT = "fsdp"
 KILL_STEP = 2
+LOST_PEER_TIMEOUT_S = 30  # JAX alone would wait 100 s, then abort in C++
 SETTINGS = dict(
     architecture="tiny_h3b64",
     sequence_length=SEQUENCE_LENGTH,
@@ -391,15 +393,28 @@ def finish(procs, timeout):
 
 
 def killed_job(workdir, timeout):
-    """Process 1 dies (SIGKILL) while checkpoint 2 is written; the launcher
-    then stops process 0 too, as a job scheduler does before a restart."""
+    """Process 1 dies (SIGKILL) while checkpoint 2 is written; process 0
+    stops by itself, saying so in one line."""
     commands = job(workdir, "resumed", f"checkpoint_started:{KILL_STEP}")
     procs = [(c, launch(workdir, c)) for c in commands]
     procs[1][1].communicate(timeout=timeout)
     if procs[1][1].returncode != -signal.SIGKILL:
         return "process 1 was not killed"
-    procs[0][1].kill()
-    procs[0][1].communicate(timeout=timeout)
+    # Process 0 stops by itself within seconds, in one line (PeerWatch).
+    killed = time.monotonic()
+    try:
+        out = procs[0][1].communicate(timeout=LOST_PEER_TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        procs[0][1].kill()
+        return f"process 0 still ran {LOST_PEER_TIMEOUT_S} s after the kill"
+    stopped = time.monotonic() - killed
+    lines = [line for line in out.splitlines() if "was lost" in line]
+    if procs[0][1].returncode != 1 or len(lines) != 1 or "Traceback" in out:
+        return (
+            f"process 0 exited {procs[0][1].returncode}; it should end in one "
+            f"line saying process 1 was lost:\n{out[-3000:]}"
+        )
+    print(f"process 0 stopped {stopped:.1f} s after the kill: {lines[0]}")
     root = os.path.join(workdir, "resumed", "checkpoints")
     complete = [n for n in sorted(os.listdir(root)) if n.startswith("step_")]
     complete = [n for n in complete if "orbax" not in n]

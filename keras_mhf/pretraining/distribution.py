@@ -27,6 +27,8 @@ import contextlib
 import keras
 import numpy as np
 
+from keras_mhf.pretraining.peer_watch import PeerWatch
+
 KINDS = ("data", "model", "fsdp")
 
 
@@ -249,7 +251,8 @@ def check_batch_size(batch_size, distribution):
 
 def initialize(coordinator_address, num_processes, process_id):
     """Joins a multi-process JAX job (one call per process, before anything
-    else touches the devices). On CPU hosts, collectives use gloo."""
+    else touches the devices). On CPU hosts, collectives use gloo. A
+    `PeerWatch` stops every process within seconds if one is lost."""
     check_backend()
     import jax
 
@@ -262,3 +265,5 @@ def initialize(coordinator_address, num_processes, process_id):
         num_processes=num_processes,
         process_id=process_id,
     )
+    # A lost process stops the others within seconds, in one line.
+    PeerWatch.start(process_id, num_processes, coordinator_address)
