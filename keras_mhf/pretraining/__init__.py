@@ -12,13 +12,13 @@
    it when none is given), checks the tokenizer against the corpus and reads
    the fixed validation windows.
 4. `build_run_model` builds the seeded model and its optimizer.
-5. `resume` loads the newest complete checkpoint, if any, and returns the
-   global step to continue from (the run's checkpoints are one
-   `RunCheckpoints`, kept on its `RunConfig`).
+5. `RunCheckpoints.resume` loads the newest complete checkpoint, if any,
+   and returns the global step to continue from (the run's checkpoints are
+   one `RunCheckpoints`, kept on its `RunConfig`).
 6. For each chunk of `checkpoint_every` optimizer steps: `train_chunk` (one
    `fit` call on the windows of those steps, drawn from `(seed, step)`, see
    `keras_mhf.data.window_dataset`), `write_log_row` (validation perplexity,
-   a line of `log.csv`) and `save_checkpoint`.
+   a line of `log.csv`) and `RunCheckpoints.save`.
 7. `finish`, for a finished run: an MHF model's scoring temperature is
    calibrated on the first half of the validation windows (`calibrate`,
    default on; never for the Standard baseline) and the second half is
@@ -98,16 +98,9 @@ from keras_mhf.pretraining.checkpoints import KEEP_CHECKPOINTS
 from keras_mhf.pretraining.checkpoints import STATE_FILE
 from keras_mhf.pretraining.checkpoints import WEIGHTS_FILE
 from keras_mhf.pretraining.checkpoints import RunCheckpoints
-from keras_mhf.pretraining.checkpoints import checkpoint_directory
-from keras_mhf.pretraining.checkpoints import close_checkpoints
-from keras_mhf.pretraining.checkpoints import latest_checkpoint
-from keras_mhf.pretraining.checkpoints import list_checkpoints
 from keras_mhf.pretraining.checkpoints import read_checkpoint
 from keras_mhf.pretraining.checkpoints import record_run
-from keras_mhf.pretraining.checkpoints import resume
 from keras_mhf.pretraining.checkpoints import run_settings
-from keras_mhf.pretraining.checkpoints import save_checkpoint
-from keras_mhf.pretraining.checkpoints import wait_for_checkpoints
 from keras_mhf.pretraining.config import DISTRIBUTIONS
 from keras_mhf.pretraining.config import MODELS
 from keras_mhf.pretraining.config import SIGNATURE_RULES

@@ -5,9 +5,9 @@ own shards) and the run state (`state.json`: step, chunk, the settings that
 must not change, the size and sha256 of every file of the checkpoint, and
 the sha256 of its own fields).
 
-`RunCheckpoints` owns one run's checkpoints (one per `RunConfig`): their
-folder and names, the writer, resume, save, wait and close; the functions
-of the run's API (`resume`, `save_checkpoint`, ...) act on it. A checkpoint
+`RunCheckpoints` owns one run's checkpoints (one per `RunConfig`,
+`RunCheckpoints.of(config)`): their folder and names, the writer, resume,
+save, wait and close. A checkpoint
 is written asynchronously (training goes on while it is written) under a
 temporary name and renamed in one atomic step once complete; Orbax keeps the
 last `KEEP_CHECKPOINTS`. `resume` loads the newest usable one after checking
@@ -269,7 +269,14 @@ class RunCheckpoints:
     def resume(self, lm, data):
         """Step "resume": loads the newest usable checkpoint into `lm`
         (weights and optimizer state) and returns the global step to
-        continue from (0 for a new run). See `resume`."""
+        continue from (0 for a new run).
+
+        Raises:
+            RunConfigError: the checkpoint belongs to a run with other
+                settings (see `run_settings`), or the directory holds a
+                checkpoint of an earlier keras_mhf layout.
+            CheckpointError: there are checkpoints but none is usable.
+        """
         config = self.config
         if os.path.exists(config.path("checkpoint.json")):
             raise RunConfigError(
@@ -314,8 +321,31 @@ class RunCheckpoints:
         return state["step"]
 
     def save(self, lm, data, step, train_loss=None, validation_loss=None):
-        """Step "checkpoint": starts writing the checkpoint of `step` and
-        returns while it is written. See `save_checkpoint`."""
+        """Step "checkpoint": starts writing the variables (model weights
+        and optimizer state) and the run state as `step_NNNNNN/`, and
+        returns its directory while it is written (`wait` waits). Older
+        checkpoints are pruned once it is committed (the last
+        `KEEP_CHECKPOINTS` stay). Every process calls it (each writes its
+        own shards).
+
+        Only a good checkpoint is written: finite weights and optimizer
+        state (checked while they are written; in a multi-process job,
+        before: a non-finite value stops the commit, and the error comes
+        from the next wait) and a finite `validation_loss`. Before writing,
+        the free space is checked against the size of the last checkpoint
+        (or, for the first, of the variables).
+
+        Raises:
+            NonFiniteWeightsError: a weight of this checkpoint
+                (multi-process) or of the previous one is NaN or infinite
+                (it was not written).
+            NonFiniteLossError: `validation_loss` is NaN or infinite
+                (nothing is written).
+            DiskFullError: the file system is (or would be) full, or it
+                filled up while the previous checkpoint was written;
+                temporary directories are removed and older checkpoints are
+                kept.
+        """
         config = self.config
         alone = process_layout()[1] == 1
         if not alone:  # the writing thread cannot run collectives: check now
@@ -362,7 +392,16 @@ class RunCheckpoints:
 
     def wait(self):
         """Waits until the checkpoint being written (if any) is committed.
-        See `wait_for_checkpoints`."""
+
+        Raises:
+            DiskFullError: the disk filled up (or a file reached the
+                file-size limit) during the write; its temporary directory
+                is removed and the message names the last complete
+                checkpoint.
+            NonFiniteWeightsError: a value of the checkpoint was NaN or
+                infinite, so it was not committed (its temporary directory
+                is removed; the message names the last good checkpoint).
+        """
         if self._writer is None:
             return
         step = self._writer.pending_step
@@ -448,115 +487,6 @@ class RunCheckpoints:
                 f"stayed finite; no {what} was written from them.",
                 step,
             )
-
-
-# The run's API on a `RunConfig` (`keras_mhf.pretraining` exports these):
-# each acts on the run's `RunCheckpoints.of(config)`.
-
-
-def checkpoint_directory(config, step):
-    """`OUTPUT/checkpoints/step_NNNNNN` of a global step
-    (`RunCheckpoints.directory`).
-
-    Example:
-
-    ```python
-    checkpoint_directory(config, 4)  # "runs/mhf/checkpoints/step_000004"
-    ```
-    """
-    return RunCheckpoints.of(config).directory(step)
-
-
-def list_checkpoints(config):
-    """`[(step, directory)]` of the committed checkpoints, newest first
-    (`RunCheckpoints.committed`)."""
-    return RunCheckpoints.of(config).committed()
-
-
-def latest_checkpoint(config):
-    """`(directory, state)` of the newest usable checkpoint, or `None`
-    (`RunCheckpoints.latest`: an unusable newer one is set aside; none
-    usable is a `CheckpointError` unless
-    `config.discard_unusable_checkpoints`)."""
-    return RunCheckpoints.of(config).latest()
-
-
-def resume(config, lm, data):
-    """Step "resume": loads the newest usable checkpoint of
-    `config.output_dir` into `lm` (weights and optimizer state) and returns
-    the global step to continue from (0 for a new run).
-
-    Raises:
-        RunConfigError: the checkpoint belongs to a run with other settings
-            (see `run_settings`), or the directory holds a checkpoint of an
-            earlier keras_mhf layout.
-        CheckpointError: there are checkpoints but none is usable.
-
-    Example:
-
-    ```python
-    lm = build_run_model(config, data.tokenizer)
-    step = resume(config, lm, data)  # 0, or the newest checkpoint's step
-    ```
-    """
-    return RunCheckpoints.of(config).resume(lm, data)
-
-
-def save_checkpoint(
-    config, lm, data, step, train_loss=None, validation_loss=None
-):
-    """Step "checkpoint": starts writing the variables (model weights and
-    optimizer state) and the run state as `checkpoints/step_NNNNNN/`, and
-    returns its directory while it is written (`wait_for_checkpoints`
-    waits). Older checkpoints are pruned once it is committed (the last
-    `KEEP_CHECKPOINTS` stay). Every process calls it (each writes its own
-    shards).
-
-    Only a good checkpoint is written: finite weights and optimizer state
-    (checked while they are written; in a multi-process job, before: a
-    non-finite value stops the commit, and the error comes from the next
-    wait) and a finite `validation_loss`. Before writing, the free space is
-    checked against the size of the last checkpoint (or, for the first, of
-    the variables).
-
-    Raises:
-        NonFiniteWeightsError: a weight of this checkpoint (multi-process)
-            or of the previous one is NaN or infinite (it was not written).
-        NonFiniteLossError: `validation_loss` is NaN or infinite (nothing is
-            written).
-        DiskFullError: the file system is (or would be) full, or it filled
-            up while the previous checkpoint was written; temporary
-            directories are removed and older checkpoints are kept.
-
-    Example:
-
-    ```python
-    save_checkpoint(config, lm, data, step=100, validation_loss=5.2)
-    ```
-    """
-    return RunCheckpoints.of(config).save(
-        lm, data, step, train_loss, validation_loss
-    )
-
-
-def wait_for_checkpoints(config):
-    """Waits until the checkpoint being written (if any) is committed.
-
-    Raises:
-        DiskFullError: the disk filled up (or a file reached the file-size
-            limit) during the write; its temporary directory is removed and
-            the message names the last complete checkpoint.
-        NonFiniteWeightsError: a value of the checkpoint was NaN or
-            infinite, so it was not committed (its temporary directory is
-            removed; the message names the last good checkpoint).
-    """
-    RunCheckpoints.of(config).wait()
-
-
-def close_checkpoints(config, wait=True):
-    """Waits for the checkpoint being written (unless `wait=False`) and
-    releases the run's writer (`RunCheckpoints.close`)."""
-    RunCheckpoints.of(config).close(wait)
 
 
 def read_checkpoint(directory):

@@ -474,9 +474,9 @@ def test_a_run_of_0_1_resumes_from_its_h5_checkpoint(
     its sha256 check and ends with the uninterrupted run's weights; a
     damaged one is set aside like any other."""
     from keras_mhf.pretraining import WEIGHTS_FILE
+    from keras_mhf.pretraining import RunCheckpoints
     from keras_mhf.pretraining import RunConfig
     from keras_mhf.pretraining import load_data
-    from keras_mhf.pretraining import resume
     from keras_mhf.utils.files import file_sha256
 
     output = copy_run(reference, tmp_path / "run", keep_steps=(2,))
@@ -486,7 +486,7 @@ def test_a_run_of_0_1_resumes_from_its_h5_checkpoint(
     config = RunConfig(corpus[0], output, **RUN)
     data = load_data(config)
     lm = training.build_run_model(config, data.tokenizer)
-    assert resume(config, lm, data) == 2
+    assert RunCheckpoints.of(config).resume(lm, data) == 2
     shutil.rmtree(step_2)
     os.makedirs(step_2)
     weights = os.path.join(step_2, WEIGHTS_FILE)

@@ -8,9 +8,7 @@ import os
 from keras_mhf.pretraining import NonFiniteLossError
 from keras_mhf.pretraining import RunCheckpoints
 from keras_mhf.pretraining import RunConfig
-from keras_mhf.pretraining import checkpoint_directory
 from keras_mhf.pretraining import checkpoints as checkpoints_module
-from keras_mhf.pretraining import list_checkpoints
 
 
 def test_one_object_per_run_names_lists_and_cleans_its_checkpoints(
@@ -25,7 +23,6 @@ def test_one_object_per_run_names_lists_and_cleans_its_checkpoints(
     root = str(tmp_path / "run" / "checkpoints")
     assert checkpoints.root == root
     assert checkpoints.directory(7) == os.path.join(root, "step_000007")
-    assert checkpoint_directory(config, 7) == checkpoints.directory(7)
     assert checkpoints.committed() == []
     for name in (
         "step_000002",
@@ -41,7 +38,6 @@ def test_one_object_per_run_names_lists_and_cleans_its_checkpoints(
         (2, os.path.join(root, "step_000002")),
     ]
     assert checkpoints.committed() == expected
-    assert list_checkpoints(config) == expected
     checkpoints.remove_stale()
     assert sorted(os.listdir(root)) == [
         "notes",
