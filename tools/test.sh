@@ -30,7 +30,8 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 # worker (module fixtures are built once): most of a pass is single-threaded
 # tracing and compiling of tiny models, so two workers share the 2 cores
 # well. MHF_TEST_WORKERS=0 runs a pass in one process. The large step's
-# smokes are multi-threaded runs of whole tools and stay in one process.
+# smokes run whole tools in subprocesses; two workers overlap the longest
+# module (the documented commands) with the others.
 workers="${MHF_TEST_WORKERS:-2}"
 parallel=()
 if [ "$workers" != 0 ]; then
@@ -50,7 +51,7 @@ done
 if [ $large -eq 1 ]; then
   echo "=== large tests (KERAS_BACKEND=jax) ==="
   KERAS_BACKEND=jax python -m pytest -q -p no:cacheprovider --run_large \
-    --durations=25 -m large "$@"
+    "${parallel[@]}" --durations=25 -m large "$@"
   rc=$?
   if [ $rc -ne 0 ]; then
     echo "=== large: pytest exited $rc ==="
