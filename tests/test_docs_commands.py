@@ -8,10 +8,9 @@ later commands use what earlier ones wrote (`runs/mhf/preset`). The
 directory holds small files under the pages' placeholder names
 (`my_corpus.jsonl`, `tokenizer.model`, `piqa.jsonl`, ...), made from
 English text that ships with Python. A ```bash block opts out only with
-`<!-- not runnable: REASON -->` right before its fence (the quickstart,
-which .ci/run runs as `bash tools/quickstart.sh`, and again with `--data`,
-whose reading tests/cli/test_quickstart.py covers; lm-eval's own
-downloads). One pass, under JAX: the commands start their own
+`<!-- not runnable: REASON -->` right before its fence (the bare
+quickstart, which .ci/run runs as `bash tools/quickstart.sh`; lm-eval's
+own downloads). One pass, under JAX: the commands start their own
 processes.
 """
 

@@ -1,6 +1,6 @@
-"""`keras-mhf quickstart --data FILE` reads the user's corpus and splits it;
-the whole quickstart runs in .ci/run (`bash tools/quickstart.sh`), the same
-code on Python's documentation."""
+"""`keras-mhf quickstart --data FILE` splits the user's corpus into
+training, validation and held-out slices (the whole command runs in
+tests/test_docs_commands.py, the default quickstart in .ci/run)."""
 
 import argparse
 import json
