@@ -164,8 +164,42 @@ def test_accelerator_check_smoke(tmp_path):
         assert row["tokens_per_s"] > 0 and 0 < row["mfu_measured_peak"]
         assert row["peak_memory_bytes"] > 0 and np.isfinite(row["loss"])
     assert all(r["decode_ms_per_token_b1"] > 0 for r in report["decode"])
+    # Two probes give the memory per sequence; the fused head's blocking on
+    # this device (a CPU: 2^24 logits per block) is reported.
+    assert [len(r["probes"]) for r in report["train"]] == [2, 2]
+    assert report["train"][1]["head_block_size"] == 2**24 // (4 * 64)
     table = (tmp_path / "accelerator_check.md").read_text()
     assert "MHF/Std tokens/s" in table and "x |" in table
+
+
+def test_head_blocking_reads_the_compiled_program(tmp_path):
+    """`tools/head_blocking.py` at a small width: the block loop's trips
+    and the head's largest matmul are read from XLA's program."""
+    if keras.config.backend() != "jax":
+        pytest.skip("tools/head_blocking.py compiles with JAX")
+    out = tmp_path / "head_blocking.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "tools" / "head_blocking.py"),
+            "--batch",
+            "1",
+            "--sequence-length",
+            "1024",
+            "--hidden-dim",
+            "64",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = out.read_text().splitlines()
+    # 1,024 positions: 4 blocks of 256 (CPU), one block on the devices.
+    assert "| CPU | 256 | 4 | 0.3 G: [256, 64] -> [64, 16384] |" in rows[-4]
+    assert "| H100, JAX (60 GB) | 2048 | 1 | 1.1 G:" in rows[-3]
 
 
 def test_profile_smoke():

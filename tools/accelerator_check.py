@@ -5,8 +5,10 @@ baseline at the paper's 100M shape on whatever accelerator this machine has
 For each vocabulary size (`--vocab`, default 32K and 256K) and model (MHF
 H4 B16384 with the fused cascade head, and Standard: KerasHub Qwen3 on the
 same trunk), a training step at sequence 1024 is measured at a probe batch,
-then at the largest batch its peak device memory says fits (90 % of the
-device's memory, a multiple of 8, at most `--max-batch`); decoding (greedy,
+and at twice that batch (in one process), then at the largest batch the two
+peaks of device memory say fits (their difference is the memory per sequence, the rest a
+fixed part such as the fused head's block; 90 % of the device's memory, a
+multiple of 8, at most `--max-batch`); decoding (greedy,
 KV cache, batch 1, 32 new tokens after 16) at `--decode-vocab` (default 32K
 and 1M). Reported: tokens/s, model-FLOPs utilisation (analytic training
 FLOPs x tokens/s over the device's peak for the precision: the vendor's
@@ -31,6 +33,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchmarking  # noqa: E402
+
+from keras_mhf.utils.device_memory import device_info  # noqa: E402
 
 # Dense peak FLOP/s by device name (vendor numbers, without sparsity).
 PEAK_FLOPS = {
@@ -82,27 +86,6 @@ def parse_args(argv=None):
     return args
 
 
-def device_info():
-    """`(name, platform, memory limit in bytes or None)` of the first
-    device of the Keras backend."""
-    import keras
-
-    backend = keras.config.backend()
-    if backend == "jax":
-        import jax
-
-        device = jax.local_devices()[0]
-        stats = device.memory_stats() or {}
-        return device.device_kind, device.platform, stats.get("bytes_limit")
-    if backend == "torch":
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return props.name, "gpu", props.total_memory
-    return "cpu", "cpu", None
-
-
 def peak_memory_bytes():
     """Peak device memory of this process (CPU: peak resident set)."""
     import keras
@@ -144,28 +127,54 @@ def build(model, vocabulary_size, args):
     return lm
 
 
-def train_worker(model, vocabulary_size, batch, args):
+def train_worker(model, vocabulary_size, batches, args):
+    """A training step at each of `batches` (in this order, one model):
+    the result of the last, and `probes`, every batch's."""
     lm = build(model, vocabulary_size, args)
-    rng = np.random.default_rng(0)
     n = args.sequence_length
-    ids = rng.integers(3, vocabulary_size, (batch, n + 1)).astype("int32")
-    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((batch, n), "int32")}
-    y = ids[:, 1:]
-    for _ in range(2):  # compile, warm up
-        loss = lm.train_on_batch(x, y)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        loss = lm.train_on_batch(x, y)
-        times.append(time.perf_counter() - start)
-    step = float(np.median(times))
-    return {
-        "batch": batch,
-        "step_s": step,
-        "tokens_per_s": batch * n / step,
-        "peak_memory_bytes": peak_memory_bytes(),
-        "loss": float(np.asarray(loss).reshape(-1)[0]),
-    }
+    blocks = {}
+    if model != "standard":  # the fused head's blocking on this device
+        from keras_mhf.losses.fused_signature_loss import automatic_block_size
+        from keras_mhf.utils.device_memory import accelerator_memory_bytes
+
+        decoder = lm.hash_decoder
+        blocks["head_block_size"] = automatic_block_size(
+            decoder.num_hashes, decoder.num_buckets, accelerator_memory_bytes()
+        )
+    results = []
+    for batch in batches:
+        rng = np.random.default_rng(0)
+        ids = rng.integers(3, vocabulary_size, (batch, n + 1)).astype("int32")
+        x = {
+            "token_ids": ids[:, :-1],
+            "padding_mask": np.ones((batch, n), "int32"),
+        }
+        y = ids[:, 1:]
+        for _ in range(2):  # compile, warm up
+            loss = lm.train_on_batch(x, y)
+        times = []
+        for _ in range(args.steps):
+            start = time.perf_counter()
+            loss = lm.train_on_batch(x, y)
+            times.append(time.perf_counter() - start)
+        step = float(np.median(times))
+        if blocks:  # as fused_signature_loss cuts a step's positions
+            size = min(blocks["head_block_size"], batch * n)
+            blocks["head_block_positions"] = size
+            blocks["head_blocks"] = -(-batch * n // size)
+        results.append(
+            blocks
+            | {
+                "batch": batch,
+                "step_s": step,
+                "tokens_per_s": batch * n / step,
+                # The process's peak: a larger batch's, measured after a
+                # smaller one's.
+                "peak_memory_bytes": peak_memory_bytes(),
+                "loss": float(np.asarray(loss).reshape(-1)[0]),
+            }
+        )
+    return results[-1] | {"probes": results}
 
 
 def decode_worker(model, vocabulary_size, args):
@@ -243,15 +252,26 @@ def call_worker(args, *worker):
     return None, (lines[-1] if lines else f"exit {done.returncode}")[:300]
 
 
-def fitting_batch(probe, memory_limit, args):
+def fitting_batch(probes, memory_limit, args):
     """The largest batch (a multiple of 8, at most `--max-batch`) whose
-    memory, scaled from the probe's peak, is within 90 % of the device."""
+    memory, on the line through the probes' peaks (one probe: through 0),
+    is within 90 % of the device."""
     if not memory_limit:
         return args.max_batch
+    probe = probes[0]
     per_sequence = probe["peak_memory_bytes"] / probe["batch"]
-    batch = int(0.9 * memory_limit / per_sequence)
+    fixed = 0
+    if len(probes) > 1:
+        other = probes[1]
+        grown = other["peak_memory_bytes"] - probe["peak_memory_bytes"]
+        if grown > 0:
+            per_sequence = grown / (other["batch"] - probe["batch"])
+            fixed = max(
+                0, probe["peak_memory_bytes"] - per_sequence * probe["batch"]
+            )
+    batch = int((0.9 * memory_limit - fixed) / per_sequence)
     batch = batch // 8 * 8 if batch >= 8 else batch
-    return max(probe["batch"], min(batch, args.max_batch))
+    return max(probes[-1]["batch"], min(batch, args.max_batch))
 
 
 def run(args):
@@ -266,26 +286,35 @@ def run(args):
     for vocabulary_size in args.vocab:
         for model in args.models:
             probe, error = call_worker(
-                args, "train", model, vocabulary_size, args.probe_batch
+                args,
+                "train",
+                model,
+                vocabulary_size,
+                f"{args.probe_batch},{2 * args.probe_batch}",
             )
             row = {"model": model, "vocabulary_size": vocabulary_size}
             if probe is None:
                 report["train"].append(row | {"error": error})
                 continue
-            best = probe
-            batch = fitting_batch(probe, device["device_memory_bytes"], args)
-            if batch > probe["batch"]:
+            probes = probe.pop("probes")
+            best = max(probes, key=lambda p: p["tokens_per_s"])
+            batch = fitting_batch(probes, device["device_memory_bytes"], args)
+            if batch > probes[-1]["batch"]:
                 larger, error = call_worker(
                     args, "train", model, vocabulary_size, batch
                 )
                 if larger is not None:
+                    larger.pop("probes")
                     best = larger
                 else:
                     row["larger_batch_error"] = f"batch {batch}: {error}"
             flops = benchmarking.flops_per_token(
                 model, vocabulary_size, trunk, args.sequence_length
             )
-            row |= best | {"probe": probe, "flops_per_token": flops}
+            row |= best | {"probes": probes, "flops_per_token": flops}
+            row["memory_per_sequence_bytes"] = (
+                best["peak_memory_bytes"] / best["batch"]
+            )
             row["mfu_measured_peak"] = (
                 flops * best["tokens_per_s"] / device["measured_peak_flops"]
             )
@@ -344,8 +373,9 @@ def markdown(report):
         + ". Written by `tools/accelerator_check.py`.",
         "",
         "| V | model | batch | tokens/s | MFU (vendor) | MFU (measured) "
-        "| peak memory GiB | MHF/Std tokens/s | MHF/Std memory |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| peak memory GiB | MHF/Std tokens/s | MHF/Std memory per sequence "
+        "| head blocks x positions |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["train"]:
         v = r["vocabulary_size"]
@@ -353,14 +383,19 @@ def markdown(report):
             lines.append(f"| {v} | {r['model']} | failed: {r['error']} |")
             continue
         speed = _ratio(report["train"], "tokens_per_s", v)
-        memory = _ratio(report["train"], "peak_memory_bytes", v)
+        memory = _ratio(report["train"], "memory_per_sequence_bytes", v)
         mfu = f"{r['mfu']:.3f}" if "mfu" in r else "-"
         lines.append(
             f"| {v} | {r['model']} | {r['batch']} | {r['tokens_per_s']:,.0f} "
             f"| {mfu} | {r['mfu_measured_peak']:.3f} "
             f"| {r['peak_memory_bytes'] / 2**30:.2f} "
             f"| {_fmt(speed) if r['model'] != 'standard' else ''} "
-            f"| {_fmt(memory) if r['model'] != 'standard' else ''} |"
+            f"| {_fmt(memory) if r['model'] != 'standard' else ''} "
+            + (
+                f"| {r['head_blocks']} x {r['head_block_positions']} |"
+                if "head_blocks" in r
+                else "| |"
+            )
         )
     lines += [
         "",
@@ -395,12 +430,13 @@ def _write(report, args):
 
 
 def measure(args, kind, *rest):
-    """One measurement: `("matmul",)`, `("train", model, V, batch)` or
-    `("decode", model, V)`."""
+    """One measurement: `("matmul",)`, `("train", model, V, batches)`
+    (comma-separated) or `("decode", model, V)`."""
     if kind == "matmul":
         return matmul_worker(args)
     if kind == "train":
-        return train_worker(rest[0], int(rest[1]), int(rest[2]), args)
+        batches = [int(b) for b in str(rest[2]).split(",")]
+        return train_worker(rest[0], int(rest[1]), batches, args)
     return decode_worker(rest[0], int(rest[1]), args)
 
 

@@ -19,17 +19,42 @@ import keras
 from keras import ops
 
 from keras_mhf.losses.signature_cross_entropy import signature_cross_entropy
+from keras_mhf.utils.device_memory import accelerator_memory_bytes
 from keras_mhf.utils.keras_utils import rematerialized
 
-# Automatic block: about 2^24 float logits per block (64 MiB in float32 for
-# all H heads), e.g. 256 positions at H = 4, B = 16,384.
+# Automatic block on a CPU: about 2^24 float logits per block (64 MiB in
+# float32 for all H heads), e.g. 256 positions at H = 4, B = 16,384: a block
+# stays within the caches' reach.
 BLOCK_LOGITS = 2**24
+# On an accelerator a block's logits take up to 1/256 of its memory in
+# floats: the backward pass of a block holds a few float32 arrays of the
+# logits' size (logits, softmax, their gradient), about 1/16 of the memory
+# in all, so that the heads' matmuls are large and the scan's sequential
+# steps few (e.g. 8,192 positions per block at H = 4, B = 16,384 on a
+# 141 GB device).
+ACCELERATOR_MEMORY_PER_LOGIT = 256
 
 
-def automatic_block_size(num_hashes, num_buckets):
-    """Positions per block so that one block's `H x B` logits are about
-    `BLOCK_LOGITS` floats (at least 8 positions)."""
-    return max(8, BLOCK_LOGITS // (num_hashes * num_buckets))
+def automatic_block_size(num_hashes, num_buckets, device_memory=None):
+    """Positions per block of the fused head (at least 8): one block's
+    `H x B` logits are about `BLOCK_LOGITS` floats on a CPU
+    (`device_memory=None`), and on an accelerator of `device_memory` bytes
+    the largest power of two of floats within
+    `device_memory / ACCELERATOR_MEMORY_PER_LOGIT` (never fewer than on a
+    CPU).
+
+    Example:
+
+    ```python
+    automatic_block_size(4, 16384)  # 256 (a CPU)
+    automatic_block_size(4, 16384, 80 * 10**9)  # 4096 (an 80 GB GPU)
+    ```
+    """
+    logits = BLOCK_LOGITS
+    if device_memory:
+        budget = int(device_memory) // ACCELERATOR_MEMORY_PER_LOGIT
+        logits = max(logits, 1 << (budget.bit_length() - 1))
+    return max(8, logits // (num_hashes * num_buckets))
 
 
 def check_block_size(block_size):
@@ -63,14 +88,16 @@ def fused_signature_loss(
         signatures: int `[b, s, H]`, the targets' signatures.
         sample_weight: `None` or weights broadcastable to `[b, s]`.
         block_size: positions per block; `None` chooses
-            `automatic_block_size`.
+            `automatic_block_size` for the backend's device.
 
     Returns:
         The float32 scalar loss.
     """
     num_hashes, dim = decoder.num_hashes, decoder.hidden_dim
     if block_size is None:
-        block_size = automatic_block_size(num_hashes, decoder.num_buckets)
+        block_size = automatic_block_size(
+            num_hashes, decoder.num_buckets, accelerator_memory_bytes()
+        )
     leading = ops.shape(signatures)[:-1]
     states = ops.reshape(hidden_states, (-1, dim))
     targets = ops.reshape(ops.cast(signatures, "int32"), (-1, num_hashes))

@@ -218,6 +218,18 @@ def test_config_and_old_configs():
     assert fused_loss.automatic_block_size(4, 16384) == 256
 
 
+def test_blocks_follow_the_devices_memory():
+    """2^24 logits per block on a CPU; on an accelerator the largest power
+    of two of logits within 1/256 of its memory, never fewer."""
+    block = fused_loss.automatic_block_size
+    assert block(4, 16384, None) == 256
+    assert block(4, 16384, 60_129_542_144) == 2048  # an H100 under JAX
+    assert block(4, 16384, 112_583_507_968) == 4096  # an H200 under JAX
+    assert block(4, 16384, 150_754_820_096) == 8192  # an H200, PyTorch
+    assert block(4, 16384, 2**30) == 256  # a small device: the CPU's
+    assert block(4, 2**22, None) == 8  # at least 8 positions
+
+
 @pytest.mark.skipif(
     keras.config.backend() != "jax", reason="the recipe check runs on JAX"
 )

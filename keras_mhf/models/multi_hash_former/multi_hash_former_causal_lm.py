@@ -61,8 +61,10 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         candidate_buckets: `K`, buckets per head searched; `None` chooses it
             (about 4,096 candidates per row); an int forces the search.
         head_block_size: positions per block of the fused training head:
-            `None` chooses it (about 2^24 logits per block), 0 trains
-            unchunked (the reference), an int > 0 fixes it. With the fused
+            `None` chooses it for the device (`automatic_block_size`:
+            about 2^24 logits per block on a CPU, more on an
+            accelerator), 0 trains unchunked (the reference), an int > 0
+            fixes it. With the fused
             head, `call(..., training=True)` returns the hidden states (see
             `call_output`).
         **kwargs: standard `keras_hub.models.CausalLM` arguments.
