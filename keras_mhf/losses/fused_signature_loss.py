@@ -23,15 +23,14 @@ from keras_mhf.utils.device_memory import accelerator_memory_bytes
 from keras_mhf.utils.keras_utils import rematerialized
 
 # Automatic block on a CPU: about 2^24 float logits per block (64 MiB in
-# float32 for all H heads), e.g. 256 positions at H = 4, B = 16,384: a block
-# stays within the caches' reach.
+# float32 for all H heads), e.g. 256 positions at H = 4, B = 16,384.
 BLOCK_LOGITS = 2**24
 # On an accelerator a block's logits take up to 1/256 of its memory in
 # floats: the backward pass of a block holds a few float32 arrays of the
 # logits' size (logits, softmax, their gradient), about 1/16 of the memory
 # in all, so that the heads' matmuls are large and the scan's sequential
-# steps few (e.g. 8,192 positions per block at H = 4, B = 16,384 on a
-# 141 GB device).
+# steps few (at H = 4, B = 16,384: 8,192 positions per block where the
+# device reports 141 GB, 4,096 where JAX's pool reports 113 GB).
 ACCELERATOR_MEMORY_PER_LOGIT = 256
 
 
