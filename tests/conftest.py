@@ -1,4 +1,6 @@
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import keras
@@ -12,6 +14,23 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "testdata"
 MISTRAL_MODEL = DATA / "mistral_v03_tokenizer" / "tokenizer.model"
 OPENSTAX = DATA / "openstax_edu_en"
+
+
+def run_script(script, *args, timeout=600, env=None):
+    """Runs one of the repository's scripts (`tools/...`, `recipes/...`;
+    `.sh` under bash, else this Python) with `args`, fails the test with
+    the end of its output unless it exits 0, and returns the finished
+    process (`stdout`, `stderr` as text)."""
+    program = ["bash"] if script.endswith(".sh") else [sys.executable]
+    done = subprocess.run(
+        program + [str(REPO / script)] + [str(a) for a in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done
 
 
 def pytest_addoption(parser):

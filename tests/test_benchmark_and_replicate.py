@@ -5,37 +5,27 @@ minutes, so they are `large`: `tools/test.sh` runs them once, under JAX, after
 the per-backend suites (`pytest --run_large -m large`)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
 
 from tests.conftest import MISTRAL_MODEL
-from tests.conftest import REPO
+from tests.conftest import run_script
 
 
 @pytest.mark.large
 def test_benchmark_smoke(tmp_path):
     backend = keras.config.backend()
     out = tmp_path / "bench.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "benchmark.py"),
-            "--smoke",
-            "--backends",
-            backend,
-            "--output",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_script(
+        "tools/benchmark.py",
+        "--smoke",
+        "--backends",
+        backend,
+        "--output",
+        str(out),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     configs = {r["config"] for r in report["results"]}
     assert configs == {"standard", "h3b64"}
@@ -50,24 +40,17 @@ def test_paper_shape_benchmark_smoke(tmp_path):
     """`--paper-shape` (tiny trunk under `--smoke`): a fresh process per
     model, the rematerialised trunk, a ratio against Standard."""
     backend = keras.config.backend()
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "benchmark.py"),
-            "--paper-shape",
-            "--smoke",
-            "--backends",
-            backend,
-            "--vocab",
-            "512",
-            "--output",
-            str(tmp_path / "paper.json"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_script(
+        "tools/benchmark.py",
+        "--paper-shape",
+        "--smoke",
+        "--backends",
+        backend,
+        "--vocab",
+        "512",
+        "--output",
+        str(tmp_path / "paper.json"),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     report = (tmp_path / f"paper_{backend}_v512.md").read_text()
     assert "(blocks rematerialised)" in report
     rows = [line for line in report.splitlines() if line.startswith("| ")]
@@ -82,21 +65,15 @@ def test_paper_shape_benchmark_smoke(tmp_path):
 @pytest.mark.parametrize("inference", ["vocabulary", "quantization", "scoring"])
 def test_inference_benchmark_smoke(tmp_path, inference):
     out = tmp_path / f"{inference}.json"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "benchmark.py"),
-            "--inference",
-            inference,
-            "--smoke",
-            "--output",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    run_script(
+        "tools/benchmark.py",
+        "--inference",
+        inference,
+        "--smoke",
+        "--output",
+        str(out),
         timeout=900,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
     report = (tmp_path / f"{inference}.md").read_text()
     if inference == "vocabulary":
@@ -145,19 +122,9 @@ def test_inference_benchmark_smoke(tmp_path, inference):
 def test_accelerator_check_smoke(tmp_path):
     """The accelerator run-book's command at tiny shapes on CPU: MHF and
     Standard trained and decoded, with MFU, memory and ratios written."""
-    done = subprocess.run(
-        [
-            "bash",
-            str(REPO / "tools" / "accelerator_check.sh"),
-            "--smoke",
-            "--output",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_script(
+        "tools/accelerator_check.sh", "--smoke", "--output", str(tmp_path)
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "accelerator_check.json").read_text())
     assert [r["model"] for r in report["train"]] == ["standard", "h4b64"]
     for row in report["train"]:
@@ -178,24 +145,17 @@ def test_head_blocking_reads_the_compiled_program(tmp_path):
     if keras.config.backend() != "jax":
         pytest.skip("tools/head_blocking.py compiles with JAX")
     out = tmp_path / "head_blocking.md"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "head_blocking.py"),
-            "--batch",
-            "1",
-            "--sequence-length",
-            "1024",
-            "--hidden-dim",
-            "64",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_script(
+        "tools/head_blocking.py",
+        "--batch",
+        "1",
+        "--sequence-length",
+        "1024",
+        "--hidden-dim",
+        "64",
+        "--out",
+        str(out),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     rows = out.read_text().splitlines()
     # 1,024 positions: 4 blocks of 256 (CPU), one block on the devices.
     assert "| CPU | 256 | 4 | 0.3 G: [256, 64] -> [64, 16384] |" in rows[-4]
@@ -205,13 +165,7 @@ def test_head_blocking_reads_the_compiled_program(tmp_path):
 def test_profile_smoke():
     if keras.config.backend() != "jax":
         pytest.skip("tools/profile_step.py uses the JAX profiler")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "profile_step.py"), "--smoke"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_script("tools/profile_step.py", "--smoke")
     assert "## training step" in done.stdout and "## generation" in done.stdout
     # Ops are attributed to categories, and the matmuls are found.
     assert "matmul" in done.stdout and "top ops:" in done.stdout
@@ -219,29 +173,21 @@ def test_profile_smoke():
 
 @pytest.mark.large
 def test_replicate_smoke(tmp_path, openstax_dir):
-    env = dict(os.environ)
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "recipes" / "replicate.py"),
-            "--smoke",
-            "--data",
-            str(openstax_dir),
-            "--tokenizer",
-            str(MISTRAL_MODEL),
-            "--output",
-            str(tmp_path / "rep"),
-            "--models",
-            "standard",
-            "mhf_h4",
-            "single_id",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_script(
+        "recipes/replicate.py",
+        "--smoke",
+        "--data",
+        str(openstax_dir),
+        "--tokenizer",
+        str(MISTRAL_MODEL),
+        "--output",
+        str(tmp_path / "rep"),
+        "--models",
+        "standard",
+        "mhf_h4",
+        "single_id",
         timeout=900,
-        env=env,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     table = (tmp_path / "rep" / "results.md").read_text()
     for name in ("standard", "mhf_h4b256", "single_id_h1x4b256"):
         assert f"| {name} |" in table
@@ -282,29 +228,22 @@ def test_replicate_smoke(tmp_path, openstax_dir):
             assert paper == run["validation"]["paper_rule"]
 
     # The calibration experiment runs on the trained presets of this run.
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "recipes" / "calibration_experiment.py"),
-            "--work-dir",
-            str(tmp_path / "rep" / "runs"),
-            "--output",
-            str(tmp_path / "cal"),
-            "--validation-blocks",
-            "8",
-            "--train-windows",
-            "16",
-            "--finetune-epochs",
-            "1",
-            "--models",
-            "mhf_h4b256",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_script(
+        "recipes/calibration_experiment.py",
+        "--work-dir",
+        str(tmp_path / "rep" / "runs"),
+        "--output",
+        str(tmp_path / "cal"),
+        "--validation-blocks",
+        "8",
+        "--train-windows",
+        "16",
+        "--finetune-epochs",
+        "1",
+        "--models",
+        "mhf_h4b256",
         timeout=900,
-        env=env,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "cal" / "results.json").read_text())
     (result,) = results.values()
     paper = result["paper_rule"]
@@ -319,27 +258,20 @@ def test_replicate_smoke(tmp_path, openstax_dir):
     )
 
     # ... and the quantization quality tool on the same preset.
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "tools" / "quantization_quality.py"),
-            "--preset",
-            str(tmp_path / "rep" / "runs" / "seed0" / "mhf_h4b256" / "preset"),
-            "--data",
-            str(tmp_path / "rep" / "runs" / "data"),
-            "--prompts",
-            "4",
-            "--validation-blocks",
-            "8",
-            "--output",
-            str(tmp_path / "quality.json"),
-        ],
-        capture_output=True,
-        text=True,
+    done = run_script(
+        "tools/quantization_quality.py",
+        "--preset",
+        str(tmp_path / "rep" / "runs" / "seed0" / "mhf_h4b256" / "preset"),
+        "--data",
+        str(tmp_path / "rep" / "runs" / "data"),
+        "--prompts",
+        "4",
+        "--validation-blocks",
+        "8",
+        "--output",
+        str(tmp_path / "quality.json"),
         timeout=900,
-        env=env,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     quality = json.loads((tmp_path / "quality.json").read_text())
     assert 0.0 <= quality["int8"]["greedy_identical"] <= 1.0
     assert abs(quality["int8"]["perplexity_change"]) < 0.1

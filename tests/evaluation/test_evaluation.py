@@ -1,13 +1,11 @@
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from keras import ops
 
 from keras_mhf import evaluation
-from tests.conftest import REPO
+from tests.conftest import run_script
 
 
 def direct_loglikelihood(model, ids, n_context):
@@ -271,30 +269,23 @@ def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus):
     card = tmp_path / "card.tsv"
     card.write_text("cell\tlife\t3.0\nwater\tsteam\t2.0\nlight\tatom\t1.0\n")
     output = tmp_path / "results.jsonl"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "recipes" / "evaluate.py"),
-            "--preset",
-            preset,
-            "--perplexity",
-            str(held_out),
-            "--lambada",
-            str(lambada),
-            "--multiple-choice",
-            str(mc),
-            "--card660",
-            str(card),
-            "--sequence-length",
-            "16",
-            "--output",
-            str(output),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_script(
+        "recipes/evaluate.py",
+        "--preset",
+        preset,
+        "--perplexity",
+        str(held_out),
+        "--lambada",
+        str(lambada),
+        "--multiple-choice",
+        str(mc),
+        "--card660",
+        str(card),
+        "--sequence-length",
+        "16",
+        "--output",
+        str(output),
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout[done.stdout.index("{") :])
     assert results[f"perplexity:{held_out}"]["perplexity"] > 1
     assert "acc" in results[f"lambada:{lambada}"]

@@ -1,6 +1,4 @@
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -15,7 +13,7 @@ from keras_mhf.expansion.tokenizer_expansion import (
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import standard_causal_lm
 from tests.conftest import DATA
-from tests.conftest import REPO
+from tests.conftest import run_script
 
 NEW_TEXTS = {
     "zh": [
@@ -128,9 +126,7 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
     standard_causal_lm(tokenizer, "tiny", sequence_length=32).save_to_preset(
         str(tmp_path / "std")
     )
-    command = [
-        sys.executable,
-        str(REPO / "recipes" / "expand_vocabulary.py"),
+    arguments = [
         "--mhf",
         str(tmp_path / "mhf"),
         "--standard",
@@ -164,8 +160,7 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
         "--work-dir",
         str(tmp_path / "work"),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_script("recipes/expand_vocabulary.py", *arguments, timeout=900)
     out = tmp_path / "ve"
     report = json.loads((out / "report.json").read_text())
     assert report["tokenizer"]["english_lines_changed"] == 0
@@ -203,11 +198,10 @@ def test_recipe_on_shared_data(tmp_path, mistral_model_path):
         tmp_path / "work" / "mhf" / "seed1" / "preset" / "config.json"
     ).exists()
     # Finished runs are read back, not run again.
-    command[command.index(str(out))] = str(tmp_path / "again")
-    done = subprocess.run(
-        command + ["--report-only"], capture_output=True, text=True, timeout=900
+    arguments[arguments.index(str(out))] = str(tmp_path / "again")
+    run_script(
+        "recipes/expand_vocabulary.py", *arguments, "--report-only", timeout=900
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     again = json.loads((tmp_path / "again" / "report.json").read_text())
     for name in ("mhf", "std"):
         assert (

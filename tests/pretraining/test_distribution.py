@@ -5,7 +5,7 @@ import sys
 import keras
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import run_script
 
 JAX_ONLY = pytest.mark.skipif(
     keras.config.backend() != "jax",
@@ -103,41 +103,34 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path):
         KERAS_BACKEND="jax",
         XLA_FLAGS="--xla_force_host_platform_device_count=8",
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "recipes" / "pretrain.py"),
-            "--data",
-            data,
-            "--output",
-            str(tmp_path / "run"),
-            "--validation-fraction",
-            "0.2",
-            "--validation-blocks",
-            "4",
-            "--architecture",
-            "tiny_h3b64",
-            "--vocabulary-size",
-            "400",
-            "--sequence-length",
-            "16",
-            "--batch-size",
-            "4",
-            "--steps",
-            "2",
-            "--checkpoint-every",
-            "2",
-            "--distribution",
-            "model",
-            "--mesh",
-            "2x4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    done = run_script(
+        "recipes/pretrain.py",
+        "--data",
+        data,
+        "--output",
+        str(tmp_path / "run"),
+        "--validation-fraction",
+        "0.2",
+        "--validation-blocks",
+        "4",
+        "--architecture",
+        "tiny_h3b64",
+        "--vocabulary-size",
+        "400",
+        "--sequence-length",
+        "16",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        "2",
+        "--distribution",
+        "model",
+        "--mesh",
+        "2x4",
         env=env,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
     assert '"finished": true' in done.stdout
     # A 1x8 mesh splits the model axis 8 ways, which 4 query heads do not
     # divide: the recipe fits the layout to the model (those dimensions are
@@ -160,14 +153,7 @@ def test_two_processes_end_with_the_single_process_weights():
     process 1 is SIGKILLed mid-checkpoint resumes to the bit, and its
     checkpoint resumes on one device (`tools/multiprocess_check.py`)."""
     env = dict(os.environ, KERAS_BACKEND="jax")
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "multiprocess_check.py")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_script("tools/multiprocess_check.py", timeout=900, env=env)
     assert "OK" in done.stdout
 
 
