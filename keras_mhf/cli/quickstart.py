@@ -261,7 +261,9 @@ def export_mhf(lm, output):
 
 
 def print_outputs(output, runs, exports, comparison):
-    """Where each artifact of the quickstart went."""
+    """Where each artifact of the quickstart went, relative to the working
+    directory when `output` was given that way (the runs hold their paths
+    resolved)."""
     print("\n=== Where everything went ===")
     for label, path in [
         ("tokenizer", runs["mhf"]["tokenizer"]),
@@ -279,6 +281,8 @@ def print_outputs(output, runs, exports, comparison):
             os.path.join(output, "evaluation.json"),
         ),
     ]:
+        if not os.path.isabs(output) and os.path.isabs(path):
+            path = os.path.relpath(path)
         print(f"  {label:<44} {path}")
 
 

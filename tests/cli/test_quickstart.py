@@ -26,3 +26,36 @@ def test_data_is_split_into_train_validation_and_test_slices(tmp_path):
     assert held_out == documents[-2:]
     assert texts(validation) == documents[-4:-2]
     assert texts(train) == documents[:-4]
+
+
+def test_outputs_are_listed_as_the_output_was_given(
+    tmp_path, monkeypatch, capsys
+):
+    # The runs hold resolved paths; a relative --output lists them relative
+    # to the working directory, an absolute one as they are.
+    monkeypatch.chdir(tmp_path)
+
+    def listed(output):
+        base = tmp_path / output
+        runs = {
+            model: {
+                "tokenizer": str(base / model / "tokenizer.model"),
+                "preset": str(base / model / "preset"),
+            }
+            for model in ("mhf", "standard")
+        }
+        exports = {"MHF .keras file": f"{output}/mhf/model.keras"}
+        quickstart.print_outputs(output, runs, exports, None)
+        lines = capsys.readouterr().out.splitlines()[2:]
+        return [line.split()[-1] for line in lines]
+
+    relative = listed("runs/qs")
+    assert relative[:4] == [
+        "runs/qs/mhf/tokenizer.model",
+        "runs/qs/mhf/preset",
+        "runs/qs/mhf/model.keras",
+        "runs/qs/standard/preset",
+    ]
+    assert relative[-1] == "runs/qs/evaluation.json"
+    absolute = listed(str(tmp_path / "qs"))
+    assert absolute[0] == str(tmp_path / "qs" / "mhf" / "tokenizer.model")
