@@ -1,7 +1,7 @@
 """Evaluate a saved MultiHashFormer or Standard model (a preset directory).
 
     keras-mhf evaluate --preset runs/mhf/preset \
-        --perplexity ../shared/data/openstax_edu_en/validation_00.jsonl \
+        --perplexity held_out.jsonl \
         --lambada lambada_test.jsonl \
         --task piqa=piqa_validation.jsonl --task hellaswag=hellaswag.jsonl \
         --card660 card660.tsv --output results.jsonl
