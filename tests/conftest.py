@@ -91,7 +91,27 @@ def _runs_once(item):
     return item.path.name in BACKEND_INDEPENDENT or name in ONCE_PER_SUITE
 
 
+def _tensorflow_session_helper(item):
+    """TensorFlow's `TestCase.test_session` (a helper under KerasHub's
+    `TestCase`, not a test) that pytest collects from every test class built
+    on it, and from the imported `TestCase` itself."""
+    cls = getattr(item, "cls", None)
+    return (
+        item.name == "test_session"
+        and cls is not None
+        and not any(
+            "test_session" in vars(c)
+            for c in cls.__mro__
+            if c.__module__.startswith("tests.")
+        )
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    helpers = [item for item in items if _tensorflow_session_helper(item)]
+    if helpers:
+        config.hook.pytest_deselected(items=helpers)
+        items[:] = [item for item in items if item not in helpers]
     if keras.config.backend() != "jax":
         once = pytest.mark.skip(
             reason="backend-independent: runs once, under KERAS_BACKEND=jax"
