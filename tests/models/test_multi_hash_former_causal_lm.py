@@ -162,9 +162,12 @@ def test_greedy_generation_matches_uncached_argmax(tiny_lm):
     out = tiny_lm.generate(prompt, stop_token_ids=None)
     ids = to_numpy(out["token_ids"])[0]
     start = int(to_numpy(prompt["padding_mask"])[0].sum())
+    # One uncached causal pass over the generated row: its log-probs at
+    # position p - 1 are those of the prefix ids[:p] (one compiled shape,
+    # not one per prefix length).
+    log_probs = to_numpy(tiny_lm.score(ids[None]))[0]
     for position in range(start, 10):
-        log_probs = to_numpy(tiny_lm.score(ids[None, :position]))[0, -1]
-        assert ids[position] == int(np.argmax(log_probs))
+        assert ids[position] == int(np.argmax(log_probs[position - 1]))
 
 
 def test_generate_stops_at_end_token(tiny_lm):
