@@ -8,7 +8,7 @@ harness's trained models.
 
 For every trained MultiHashFormer of the replicate run (`RUNS/seed*/mhf_*`,
 `single_id_*`), with the replicate's own validation windows (the first half
-fits, the second half reports, as in `recipes/pretrain.py`):
+fits, the second half reports, as in `keras-mhf pretrain`):
 
 - `scalar`: the shipped rule, `log_softmax_V(s(w) / tau)` with one `tau`
   fitted exactly on the fit half (`keras_mhf.evaluation.calibration.fit_temperature`).

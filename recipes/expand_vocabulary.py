@@ -381,13 +381,15 @@ class Experiment:
         """Bits per character per language under the model's rule (MHF: a
         temperature fit on the calibration lines first); with
         `paper_rule_too`, MHF's paper-rule numbers beside them."""
+        from keras_mhf.evaluation import calibrate
         from keras_mhf.evaluation import encoded_document_likelihood
         from keras_mhf.evaluation import paper_rule
 
         result = {}
         if kind == "mhf":
             lm.scoring_temperature = 1.0
-            report = lm.calibrate(
+            report = calibrate(
+                lm,
                 self.calibration,
                 batch_size=self.args.batch_size,
                 sequence_length=self.args.sequence_length,

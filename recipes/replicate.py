@@ -13,7 +13,7 @@ budget (one authors'-rule hash id repeated in all four heads, paper Table 3);
 and, only when asked for (`--models mhf_lsh1`), the LSH ablation (paper Sec. 6,
 "MMH3 vs. LSH"): H4 B16384 whose first head is the authors' LSH id of the
 token's character trigrams (`num_lsh=1`; needs PyTorch).
-Every MHF model is calibrated at the end of its run (`recipes/pretrain.py`'s
+Every MHF model is calibrated at the end of its run (`keras-mhf pretrain`'s
 default): its scoring temperature is fit on the first half of the validation
 windows. It reports on the second half (held out from that fit, the same
 windows for every model): perplexity over the real vocabulary under the

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: sets up .venv, runs the whole suite once per Keras
 # backend (jax, tensorflow, torch), one after another, then the `large` tests
-# (minutes-long smoke runs of the tools and recipes) once, under JAX.
+# (minutes-long smoke runs of the benchmarks/ scripts and the recipes) once,
+# under JAX.
 #   bash tools/test.sh                 # all three backends, then the large step
 #   bash tools/test.sh jax -k lookup   # one backend, extra pytest arguments
 #   bash tools/test.sh large           # only the large step
@@ -30,7 +31,8 @@ export JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=0
 # worker (module fixtures are built once): most of a pass is single-threaded
 # tracing and compiling of tiny models, so two workers share the 2 cores
 # well. MHF_TEST_WORKERS=0 runs a pass in one process. The large step's
-# smokes run whole tools in subprocesses; two workers overlap the longest
+# smokes run whole benchmark scripts and recipes in subprocesses (python -m
+# benchmarks.NAME, recipes/*.py); two workers overlap the longest
 # module (the documented commands) with the others.
 workers="${MHF_TEST_WORKERS:-2}"
 parallel=()

@@ -5,6 +5,12 @@ import argparse
 import os
 import sys
 
+from keras_mhf.settings.run_settings import preset_problem
+from keras_mhf.settings.run_settings import settings_of
+from keras_mhf.settings.setting import PATHS
+from keras_mhf.settings.settings_file import SettingsFileError
+from keras_mhf.settings.settings_file import read_settings_file
+
 
 class HelpFormatter(
     argparse.ArgumentDefaultsHelpFormatter,
@@ -49,15 +55,9 @@ def preset_directory(path):
     """`--preset`'s type: a directory holding `config.json` (a KerasHub
     preset, e.g. `runs/mhf/preset`, or a Hugging Face export); anything
     else is a usage error (exit status 2) that says what is expected."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        where = "is not a directory"
-        if os.path.isdir(path):
-            where = "has no config.json"
-        raise argparse.ArgumentTypeError(
-            f"{path!r} {where}; give a preset directory, e.g. runs/mhf/preset "
-            "(written by keras-mhf pretrain or finetune) or a Hugging Face "
-            "export"
-        )
+    problem = preset_problem(path)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return path
 
 
@@ -76,186 +76,55 @@ def one_path_or_list(values):
     return values[0] if values and len(values) == 1 else values
 
 
-# Options that `pretrain` and `finetune` share, passed through by name.
-TRAINING_OPTIONS = (
-    "sequence_length",
-    "batch_size",
-    "steps",
-    "learning_rate",
-    "warmup_steps",
-    "weight_decay",
-    "optimizer",
-    "validation_fraction",
-    "validation_blocks",
-    "checkpoint_every",
-    "calibrate",
-    "workers",
-    "on_error",
-    "precision",
-    "seed",
-    "compilation_cache",
-    "discard_unusable_checkpoints",
-)
-
-
-def add_training_options(p, defaults):
-    """The options `keras-mhf pretrain` and `finetune` share (`--help` shows
-    each default). `defaults` gives `steps`, `learning_rate`,
-    `warmup_steps`, `weight_decay`, `validation_fraction` and
-    `checkpoint_every`, which differ between the two."""
-    p.add_argument(
-        "--sequence-length", type=int, default=128, help="tokens per window"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=int,
-        default=8,
-        help="global batch size (all devices and processes together)",
-    )
-    p.add_argument(
-        "--steps", type=int, default=defaults["steps"], help="optimizer steps"
-    )
-    p.add_argument(
-        "--learning-rate",
-        type=float,
-        default=defaults["learning_rate"],
-        help="peak learning rate",
-    )
-    p.add_argument(
-        "--warmup-steps",
-        type=int,
-        default=defaults["warmup_steps"],
-        help="linear warmup before the cosine decay",
-    )
-    p.add_argument(
-        "--weight-decay",
-        type=float,
-        default=defaults["weight_decay"],
-        help="AdamW decay (not on norms and biases)",
-    )
-    p.add_argument(
-        "--optimizer",
-        choices=("adamw", "keras_adamw"),
-        default="adamw",
-        help="adamw: epsilon after bias correction, as torch.optim.AdamW and "
-        "the authors' runs; keras_adamw: Keras' AdamW (epsilon before the "
-        "correction; runs made before 0.2)",
-    )
-    _add_validation_and_run_options(p, defaults)
-
-
-def _add_validation_and_run_options(p, defaults):
-    """The validation, calibration, data-check and process options of
-    `add_training_options`."""
-    p.add_argument(
-        "--validation-data",
-        nargs="+",
+def add_run_settings(parser, command):
+    """`--config FILE` and one flag per setting of `command` (`"pretrain"`
+    or `"finetune"`), made from `keras_mhf.settings.RUN_SETTINGS` with
+    their help and the command's defaults, in the table's sections."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
         default=None,
-        help="raw text only: held-out files; default: the documents a hash "
-        "of their text puts in the --validation-fraction",
+        help="a TOML (or YAML) file of settings, one `name = value` each, "
+        "named as in OUTPUT/config.toml (which every run writes, so that "
+        "--config OUTPUT/config.toml reruns it); flags given with it "
+        "override its values",
     )
-    p.add_argument(
-        "--validation-fraction",
-        type=float,
-        default=defaults["validation_fraction"],
-        help="raw text only: share of documents held out for validation",
-    )
-    p.add_argument(
-        "--validation-blocks",
-        type=int,
-        default=64,
-        help="held-out windows scored at every checkpoint",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=defaults["checkpoint_every"],
-        help="steps between validation, log line and checkpoint",
-    )
-    p.add_argument(
-        "--no-calibrate",
-        dest="calibrate",
-        action="store_false",
-        help="MHF: keep the paper's scoring rule (temperature 1.0) instead of "
-        "fitting the scoring temperature on the first half of the validation "
-        "windows (the second half is reported either way)"
-        # The formatter would print "(default: True)" for calibrate.
-        "%(default).0s",
-    )
-    p.add_argument(
-        "--on-error",
-        choices=("fail", "skip"),
-        default="fail",
-        help="raw text only: a bad line (not UTF-8, invalid JSON, no string "
-        "'text', a cut-short .gz) stops the run with its file:line (fail) or "
-        "is skipped with a warning (skip)",
-    )
-    p.add_argument(
-        "--no-verify",
-        action="store_true",
-        help="do not re-hash the prepared corpus's shards against index.json "
-        "(and check their token ids) when the run starts or resumes",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="raw text only: tokenizer processes when preparing it; every "
-        "core if not given",
-    )
-    p.add_argument(
-        "--precision",
-        choices=("float32", "mixed_bfloat16", "bfloat16"),
-        default="float32",
-        help="float32; mixed_bfloat16 (bf16 compute, float32 weights); "
-        "bfloat16 (weights and optimizer state in bf16 too, as the authors "
-        "trained); the loss and the cascade's softmax stay float32",
-    )
-    p.add_argument(
-        "--mixed-precision",
-        action="store_const",
-        dest="precision",
-        const="mixed_bfloat16",
-        help="the same as --precision mixed_bfloat16 (kept from 0.1)",
-    )
-    p.add_argument(
-        "--seed",
-        type=int,
-        default=0,
-        help="initialisation and the order of the data",
-    )
-    p.add_argument(
-        "--compilation-cache",
-        default="auto",
-        metavar="DIR",
-        help="JAX only: a persistent cache of compiled programs, so that a "
-        "resumed run starts training within seconds; 'auto' is "
-        "OUTPUT/compilation_cache, 'none' turns it off",
-    )
-    p.add_argument(
-        "--discard-unusable-checkpoints",
-        action="store_true",
-        help="when OUTPUT holds checkpoints and none can be loaded, set them "
-        "aside (step_N.unusable) and train from step 0 (without it, such a "
-        "run is refused)",
-    )
-    p.add_argument(
-        "--quiet",
-        action="store_true",
-        help="no progress bars or messages (the summary is still printed)",
-    )
+    sections = {}
+    for setting in settings_of(command):
+        if setting.group not in sections:
+            sections[setting.group] = parser.add_argument_group(setting.group)
+        setting.add_flag(sections[setting.group], command)
 
 
-def training_settings(args):
-    """The keyword settings of `pretrain` / `finetune` that both command
-    lines share, from their parsed arguments."""
-    settings = {name: getattr(args, name) for name in TRAINING_OPTIONS}
-    settings.update(
-        validation_data=one_path_or_list(args.validation_data),
-        verify_data=not args.no_verify,
-        verbose=0 if args.quiet else 1,
-    )
-    return settings
+def run_settings_from(parser, args, command):
+    """`{name: value}` of the settings given: the `--config` file's, then
+    the flags' on top (defaults fill the rest where the run is made). A
+    file that cannot be read, or a required setting given nowhere, is a
+    usage error (exit status 2)."""
+    values = {}
+    if args.config is not None:
+        try:
+            values.update(read_settings_file(args.config, command))
+        except SettingsFileError as error:
+            parser.error(str(error))
+    for setting in settings_of(command):
+        if hasattr(args, setting.name):
+            value = getattr(args, setting.name)
+            if setting.type is PATHS:
+                value = one_path_or_list(value)
+            values[setting.name] = value
+    missing = [
+        s.flag
+        for s in settings_of(command)
+        if s.required and values.get(s.name) in (None, "", [])
+    ]
+    if missing:
+        parser.error(
+            "the following arguments are required: "
+            + ", ".join(missing)
+            + " (as flags, or in the --config file)"
+        )
+    return values
 
 
 def run_reporting_errors(parser, run):

@@ -21,7 +21,13 @@ state), exact resume by rerunning the same command, summary.json on every
 exit. Before the first step and at the end, an MHF model is calibrated on
 the first half of the validation windows and scored on the second half
 (summary.json: before and validation; --no-calibrate keeps the paper's
-rule). Outputs: OUTPUT/preset (adapters merged: a plain model),
+rule). Settings can also come from a TOML (or YAML) file, one `name = value` per
+setting, named as in `--help`'s sections and OUTPUT/config.toml (e.g.
+learning_rate = 1e-3): `--config FILE`, with flags overriding it. Every run
+writes its resolved settings to OUTPUT/config.toml, so that
+`keras-mhf finetune --config OUTPUT/config.toml` reruns (or resumes) it.
+
+Outputs: OUTPUT/preset (adapters merged: a plain model),
 OUTPUT/adapter.lora.h5 (the adapters alone, for backbone.load_lora_weights
 on --preset; LoRA without --train-tables), before.json, log.csv, loss.png,
 summary.json.
@@ -29,65 +35,30 @@ summary.json.
 
 import json
 
-from keras_mhf.cli.common import add_training_options
-from keras_mhf.cli.common import one_path_or_list
+from keras_mhf.cli.common import add_run_settings
 from keras_mhf.cli.common import parser_from_doc
-from keras_mhf.cli.common import preset_directory
 from keras_mhf.cli.common import run_reporting_errors
-from keras_mhf.cli.common import training_settings
-from keras_mhf.utils.training_defaults import FINETUNE_DEFAULTS
+from keras_mhf.cli.common import run_settings_from
 
 
 def build_parser(prog=None):
     p = parser_from_doc(__doc__, prog)
-    p.add_argument(
-        "--preset",
-        required=True,
-        type=preset_directory,
-        help="MHF or Standard preset",
-    )
-    p.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        help="raw text files, directories or globs, or a prepared corpus",
-    )
-    p.add_argument(
-        "--output", required=True, help="output directory (reused to resume)"
-    )
-    p.add_argument(
-        "--lora-rank",
-        type=int,
-        default=8,
-        help="rank of the adapters (>= 1); 0 trains every weight",
-    )
-    p.add_argument(
-        "--train-tables",
-        action="store_true",
-        help="also train the hash tables (MHF) / token embedding (Standard)",
-    )
-    add_training_options(p, FINETUNE_DEFAULTS)
+    add_run_settings(p, "finetune")
     return p
 
 
 def main(argv=None, prog=None):
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    if args.lora_rank < 0:
-        parser.error(f"--lora-rank must be >= 1 (or 0), got {args.lora_rank}.")
-    if args.train_tables and args.lora_rank == 0:
-        parser.error("--train-tables applies to LoRA (--lora-rank >= 1).")
+    settings = run_settings_from(parser, parser.parse_args(argv), "finetune")
     from keras_mhf.pretraining import finetune
 
     summary = run_reporting_errors(
         parser,
         lambda: finetune(
-            args.preset,
-            one_path_or_list(args.data),
-            args.output,
-            lora_rank=args.lora_rank or None,
-            train_tables=args.train_tables,
-            **training_settings(args),
+            settings.pop("initial_preset"),
+            settings.pop("data"),
+            settings.pop("output_dir"),
+            **settings,
         ),
     )
     print(json.dumps(summary, indent=2))

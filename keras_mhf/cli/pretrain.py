@@ -31,6 +31,12 @@ its temperature, is saved as a KerasHub preset in OUTPUT/preset, with
 OUTPUT/loss.png and OUTPUT/summary.json. The Standard baseline has one
 scoring rule and is never calibrated.
 
+Settings can also come from a TOML (or YAML) file, one `name = value` per
+setting, named as in `--help`'s sections and OUTPUT/config.toml (e.g.
+learning_rate = 1e-3): `--config FILE`, with flags overriding it. Every run
+writes its resolved settings to OUTPUT/config.toml, so that
+`keras-mhf pretrain --config OUTPUT/config.toml` reruns (or resumes) it.
+
 Multi-host (JAX): run the same command on every host with --coordinator
 HOST:PORT --num-processes N --process-id I --distribution data, a prepared
 --data directory and an --output directory on a filesystem every host sees.
@@ -45,114 +51,30 @@ import os
 # keras_mhf/utils/native_logs.py; KERAS_MHF_QUIET_STARTUP=0 shows them).
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
-from keras_mhf.cli.common import add_training_options  # noqa: E402
-from keras_mhf.cli.common import one_path_or_list  # noqa: E402
+from keras_mhf.cli.common import add_run_settings  # noqa: E402
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
-from keras_mhf.cli.common import run_reporting_errors
-from keras_mhf.cli.common import training_settings  # noqa: E402
-from keras_mhf.utils.training_defaults import PRETRAIN_DEFAULTS  # noqa: E402
+from keras_mhf.cli.common import run_reporting_errors  # noqa: E402
+from keras_mhf.cli.common import run_settings_from  # noqa: E402
+
+# The multi-host launch settings: they say how this process joins the job,
+# not what the run is.
+LAUNCH = ("coordinator", "num_processes", "process_id")
 
 
 def build_parser(prog=None):
     p = parser_from_doc(__doc__, prog)
-    add_model_options(p)
-    add_training_options(p, PRETRAIN_DEFAULTS)
-    add_scaling_options(p)
+    add_run_settings(p, "pretrain")
     return p
 
 
-def add_model_options(p):
-    """The data, output, tokenizer and architecture options."""
-    p.add_argument(
-        "--data",
-        required=True,
-        nargs="+",
-        metavar="DATA",
-        help="a prepared corpus directory (index.json, from "
-        "`keras-mhf prepare`), or raw text: .txt/.jsonl/.jsonl.gz files, "
-        "directories or glob patterns, prepared into OUTPUT/data first",
-    )
-    p.add_argument(
-        "--output", required=True, help="output directory (reused to resume)"
-    )
-    p.add_argument(
-        "--tokenizer",
-        default=None,
-        help="SentencePiece .model; default: for raw text, train one on a "
-        "sample of it; for a prepared directory, the one its index.json "
-        "records",
-    )
-    p.add_argument(
-        "--vocabulary-size",
-        type=int,
-        default=4000,
-        help="pieces of the tokenizer trained when --tokenizer is not given",
-    )
-    p.add_argument(
-        "--model",
-        choices=["mhf", "standard"],
-        default="mhf",
-        help="MultiHashFormer or the Standard baseline (KerasHub Qwen3)",
-    )
-    p.add_argument(
-        "--architecture",
-        default="mini_h4b1024",
-        help="e.g. tiny_h3b512, mini_h4b1024, 100m_h4b16k (trunk only for "
-        "standard)",
-    )
-    p.add_argument("--extra-layers", type=int, default=0, help="Standard+kL")
-
-
-def add_scaling_options(p):
-    """Rematerialisation, the device mesh and the multi-host job."""
-    p.add_argument(
-        "--rematerialize",
-        action="store_true",
-        help="recompute each decoder block in the backward pass (gradient "
-        "checkpointing): larger batches in the same memory, the same "
-        "numbers; on JAX's CPU backend start with XLA_FLAGS="
-        "--xla_cpu_enable_concurrency_optimized_scheduler=false",
-    )
-    p.add_argument(
-        "--distribution",
-        choices=["data", "model", "fsdp"],
-        default=None,
-        help="train over all devices (JAX backend only): data parallel, "
-        "model parallel, or fully sharded data parallel (weights and "
-        "optimizer state split along the batch axis, across hosts too)",
-    )
-    p.add_argument(
-        "--mesh",
-        default=None,
-        help="(batch)x(model) device mesh, e.g. 2x4 (required for "
-        "--distribution model)",
-    )
-    hosts = p.add_argument_group(
-        "multi-host (JAX)",
-        "one process per host, all with the same arguments except --process-id",
-    )
-    hosts.add_argument(
-        "--coordinator",
-        default=None,
-        metavar="HOST:PORT",
-        help="address of process 0, which every process connects to",
-    )
-    hosts.add_argument(
-        "--num-processes", type=int, default=None, help="processes in all"
-    )
-    hosts.add_argument(
-        "--process-id", type=int, default=None, help="this process, 0..N-1"
-    )
-
-
-def join_processes(args):
+def join_processes(coordinator=None, num_processes=None, process_id=None):
     """Joins the multi-process JAX job named by --coordinator,
     --num-processes and --process-id (before anything touches a device);
     returns an error message, or `None`."""
     given = [
-        args.coordinator is not None,
-        args.num_processes is not None,
-        args.process_id is not None,
+        coordinator is not None,
+        num_processes is not None,
+        process_id is not None,
     ]
     if not any(given):
         return None
@@ -161,17 +83,16 @@ def join_processes(args):
             "--coordinator, --num-processes and --process-id go together; "
             "pass all three (or none for a single process)."
         )
-    if args.num_processes < 1:
-        return f"--num-processes must be >= 1, got {args.num_processes}."
-    if not 0 <= args.process_id < args.num_processes:
+    if num_processes < 1:
+        return f"--num-processes must be >= 1, got {num_processes}."
+    if not 0 <= process_id < num_processes:
         return (
-            f"--process-id must be in 0..{args.num_processes - 1}, got "
-            f"{args.process_id}."
+            f"--process-id must be in 0..{num_processes - 1}, got {process_id}."
         )
     from keras_mhf.pretraining.distribution import initialize
 
     try:
-        initialize(args.coordinator, args.num_processes, args.process_id)
+        initialize(coordinator, num_processes, process_id)
     except ValueError as error:
         return str(error)
     return None
@@ -179,31 +100,16 @@ def join_processes(args):
 
 def main(argv=None, prog=None):
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    problem = join_processes(args)
+    settings = run_settings_from(parser, parser.parse_args(argv), "pretrain")
+    problem = join_processes(**{k: settings.pop(k, None) for k in LAUNCH})
     if problem:
         parser.error(problem)
     from keras_mhf.pretraining import pretrain
     from keras_mhf.utils.progress import show_progress
 
-    show_progress(not args.quiet)  # the final calibration's progress
+    show_progress(settings.get("verbose", 1) != 0)  # the final calibration's
 
-    summary = run_reporting_errors(
-        parser,
-        lambda: pretrain(
-            data=one_path_or_list(args.data),
-            output_dir=args.output,
-            tokenizer=args.tokenizer,
-            vocabulary_size=args.vocabulary_size,
-            model=args.model,
-            architecture=args.architecture,
-            extra_layers=args.extra_layers,
-            rematerialize=args.rematerialize,
-            distribution=args.distribution,
-            mesh=args.mesh,
-            **training_settings(args),
-        ),
-    )
+    summary = run_reporting_errors(parser, lambda: pretrain(**settings))
     print(json.dumps(summary, indent=2))
     return summary
 

@@ -2,10 +2,12 @@
 
 `pretrain` runs named steps:
 
-1. `RunConfig.validate` checks every setting before anything is written.
-2. `run_scope` sets the process-wide state of the run (a distribution, a
-   dtype policy, on JAX a persistent compilation cache) and restores it
-   afterwards.
+1. `RunConfig.validate` checks every setting before anything is written
+   (the settings are declared once, in `keras_mhf.settings.RUN_SETTINGS`),
+   and `check_devices` checks them against the devices and processes.
+2. `run_scope` installs the process-wide state of the run (the
+   distribution, a dtype policy, on JAX a persistent compilation cache) and
+   restores it afterwards.
 3. `load_data` opens a prepared corpus (a directory with `index.json`, see
    `keras_mhf.data.prepare_data`), or first prepares raw text into
    `OUTPUT/data/` (training a SentencePiece tokenizer on a bounded sample of
@@ -45,11 +47,13 @@ checkpoint is written only when its weights, optimizer state and validation
 loss are finite, so the one a stopped run keeps can be resumed.
 
 One run writes to an output at a time (`OUTPUT/.keras_mhf.lock`, released
-when the process ends however it ends); `OUTPUT/run.json` records the run's
-settings; the prepared corpus is verified (sha256, token ids) when a run
-starts or resumes; a full disk stops the run with a one-line
-`DiskFullError` and no temporary files; `summary.json` is written on every
-exit (`status`, `reason`, `last_good_step`).
+when the process ends however it ends); `OUTPUT/run.json` records the
+settings a resumed run must match and `OUTPUT/config.toml` all of its
+resolved settings (`keras-mhf pretrain --config OUTPUT/config.toml` reruns
+it); the prepared corpus is verified (sha256, token ids) when a run starts
+or resumes; a full disk stops the run with a one-line `DiskFullError` and no
+temporary files; `summary.json` is written on every exit (`status`,
+`reason`, `last_good_step`).
 
 The modules, in the order a run uses them:
 
@@ -57,7 +61,7 @@ The modules, in the order a run uses them:
 |---|---|
 | `errors` | `RunConfigError`, `CheckpointError`, `NonFinite*Error` |
 | `hooks` | `event`, the instrumentation point (faults, timing, `Stop`) |
-| `config` | `RunConfig`, process layout, `run_scope`, compilation cache |
+| `config` | `RunConfig`, process layout, `check_devices`, `run_scope` |
 | `data` | tokenizer sample and training, `RunData`, `load_data` |
 | `logs` | `log.csv` rows (`write_log_row`, `trim_log`), `plot_log` |
 | `checkpoint_store` | Orbax: the variables written and read, `state.json` |
@@ -106,6 +110,7 @@ from keras_mhf.pretraining.config import MODELS
 from keras_mhf.pretraining.config import SIGNATURE_RULES
 from keras_mhf.pretraining.config import RunConfig
 from keras_mhf.pretraining.config import backbone_config
+from keras_mhf.pretraining.config import check_devices
 from keras_mhf.pretraining.config import compilation_cache_directory
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.config import run_scope

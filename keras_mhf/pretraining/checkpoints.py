@@ -42,6 +42,8 @@ from keras_mhf.pretraining.errors import NonFiniteValues
 from keras_mhf.pretraining.errors import NonFiniteWeightsError
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.logs import trim_log
+from keras_mhf.settings.run_settings import RUN_SETTINGS
+from keras_mhf.settings.run_settings import part_of_run
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
 from keras_mhf.utils.disk_space import directory_bytes
@@ -65,10 +67,12 @@ _UNUSABLE_SUFFIX = ".unusable"
 
 
 def run_settings(config, data):
-    """The settings a checkpoint must share with the run that resumes it:
-    they decide the model, the data of every step and the schedule's
-    length. (The optimizer's learning rate, warmup and weight decay may
-    change on resume, e.g. to continue a diverged run more gently.)
+    """The settings a checkpoint must share with the run that resumes it
+    (those `RUN_SETTINGS` marks `recorded`): they decide the model, the
+    data of every step and the schedule's length, and for a fine-tuning run
+    the preset (its sha256), the LoRA rank and whether the tables train.
+    (The optimizer's learning rate, warmup and weight decay may change on
+    resume, e.g. to continue a diverged run more gently.)
 
     Example:
 
@@ -76,18 +80,16 @@ def run_settings(config, data):
     run_settings(config, data)["batch_size"]  # == config.batch_size
     ```
     """
-    return {
-        "model": config.model,
-        "architecture": config.architecture,
-        "extra_layers": config.extra_layers,
-        "signature_rule": config.signature_rule,
-        "sequence_length": config.sequence_length,
-        "batch_size": config.batch_size,
-        "steps": config.steps,
-        "seed": config.seed,
-        "precision": config.dtype_policy(),
-        "data": data.fingerprint,
-    } | _preset_settings(config)
+    from keras_mhf.pretraining.presets import preset_fingerprint
+
+    settings = {}
+    for setting in RUN_SETTINGS:
+        if setting.recorded and part_of_run(setting, config.command):
+            value = getattr(config, setting.name)
+            if setting.recorded == "fingerprint":
+                value = preset_fingerprint(value)
+            settings[setting.name] = value
+    return settings | {"data": data.fingerprint}
 
 
 def _recorded_settings(settings):
@@ -98,21 +100,6 @@ def _recorded_settings(settings):
         mixed = settings.pop("mixed_precision")
         settings["precision"] = "mixed_bfloat16" if mixed else "float32"
     return settings
-
-
-def _preset_settings(config):
-    """A run from a preset also records the preset's sha256, the LoRA
-    rank and whether the hash tables train (none of it for pre-training,
-    whose settings stay as they were)."""
-    if config.initial_preset is None:
-        return {}
-    from keras_mhf.pretraining.presets import preset_fingerprint
-
-    return {
-        "initial_preset": preset_fingerprint(config.initial_preset),
-        "lora_rank": config.lora_rank,
-        "train_tables": bool(config.train_tables),
-    }
 
 
 RUN_RECORD = "run.json"
@@ -194,9 +181,9 @@ class RunCheckpoints:
     @classmethod
     def of(cls, config):
         """The checkpoints of the run of `config` (made on first use)."""
-        if getattr(config, "_checkpoints", None) is None:
-            config._checkpoints = cls(config)
-        return config._checkpoints
+        if config.run_checkpoints is None:
+            config.run_checkpoints = cls(config)
+        return config.run_checkpoints
 
     def directory(self, step):
         """`OUTPUT/checkpoints/step_NNNNNN` of a global step."""

@@ -22,22 +22,20 @@ import os
 
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.run import pretrain
+from keras_mhf.settings.run_settings import finetune_defaults
 from keras_mhf.utils.files import write_json
-from keras_mhf.utils.training_defaults import FINETUNE_DEFAULTS
+
+# The defaults in which fine-tuning differs from pre-training (the table
+# `keras_mhf.settings.RUN_SETTINGS` declares them): fewer, gentler steps
+# from a trained model, LoRA of rank 8.
+FINETUNE_DEFAULTS = finetune_defaults()
 
 ADAPTER_FILE = "adapter.lora.h5"
 
 
-def finetune(
-    preset,
-    data,
-    output_dir,
-    lora_rank=8,
-    train_tables=False,
-    **settings,
-):
+def finetune(preset, data, output_dir, **settings):
     """Fine-tunes the model of `preset` on `data` with LoRA of rank
-    `lora_rank` (`None`: every weight trains).
+    `lora_rank` (default 8; `None` or 0: every weight trains).
 
     Args:
         preset: a KerasHub preset directory of an MHF or Standard model
@@ -47,13 +45,13 @@ def finetune(
             or a corpus prepared with the preset's tokenizer.
         output_dir: checkpoints, logs, `summary.json`, `before.json`,
             `preset/` (merged) and `adapter.lora.h5`.
-        lora_rank: adapters' rank (>= 1), or `None` for full fine-tuning.
-        train_tables: also train the hash tables (MHF) or the token
-            embedding (Standard), e.g. after `expand_vocabulary`.
-        **settings: the other fields of `RunConfig` (`steps`,
-            `learning_rate`, `batch_size`, `sequence_length`,
-            `validation_fraction`, ...); unset ones take
-            `FINETUNE_DEFAULTS`, then `RunConfig`'s.
+        **settings: the fields of `RunConfig` (the settings of
+            `keras-mhf finetune --help`): `lora_rank` (adapters' rank >= 1,
+            or `None`/0 for full fine-tuning), `train_tables` (also train
+            the hash tables (MHF) or the token embedding (Standard), e.g.
+            after `expand_vocabulary`), `steps`, `learning_rate`,
+            `batch_size`, ...; unset ones take `FINETUNE_DEFAULTS`, then
+            `RunConfig`'s.
 
     Returns:
         `(lm, summary)` as `pretrain` returns them, the summary with
@@ -74,15 +72,9 @@ def finetune(
     ```
     """
     settings = {**FINETUNE_DEFAULTS, **settings}
-    lm, summary = pretrain(
-        data,
-        output_dir,
-        initial_preset=preset,
-        lora_rank=lora_rank,
-        train_tables=train_tables,
-        **settings,
-    )
-    if summary.get("finished") and lora_rank and not train_tables:
+    lm, summary = pretrain(data, output_dir, initial_preset=preset, **settings)
+    adapters_alone = summary.get("lora_rank") and not summary["train_tables"]
+    if summary.get("finished") and adapters_alone:
         if is_primary():
             path = os.path.join(output_dir, ADAPTER_FILE)
             temporary = os.path.join(

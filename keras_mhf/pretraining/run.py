@@ -17,6 +17,7 @@ from keras_mhf.pretraining.checkpoints import RunCheckpoints
 from keras_mhf.pretraining.checkpoints import record_run
 from keras_mhf.pretraining.checkpoints import variable_bytes
 from keras_mhf.pretraining.config import RunConfig
+from keras_mhf.pretraining.config import check_devices
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import run_scope
 from keras_mhf.pretraining.config import writing_alone
@@ -29,6 +30,8 @@ from keras_mhf.pretraining.validation import describe
 from keras_mhf.pretraining.validation import initial_validation
 from keras_mhf.pretraining.validation import validate_final_model
 from keras_mhf.pretraining.validation import validate_initial_model
+from keras_mhf.settings.settings_file import CONFIG_FILE
+from keras_mhf.settings.settings_file import write_settings_file
 from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.disk_space import check_free_space
@@ -243,12 +246,16 @@ def pretrain(data, output_dir, **settings):
             `loss.png`, `summary.json`, the final preset (`preset/`) and, for
             raw text, the prepared data and trained tokenizer go.
         **settings: the fields of `RunConfig` (its docstring describes
-            each).
+            each; `keras_mhf.settings.RUN_SETTINGS` declares them). A
+            settings file gives them too:
+            `pretrain(**read_settings_file("paper.toml"))`.
 
     The run holds an exclusive lock on `output_dir` (a second run on it is
     refused, naming the first; the lock dies with the process), records
-    its settings in `run.json` (a later command with other settings is
-    refused), and, unless it is refused before training (`RunConfigError`,
+    the settings a resume must match in `run.json` (a later command with
+    other settings is refused) and all of its resolved settings in
+    `config.toml` (`keras-mhf pretrain --config OUTPUT/config.toml` reruns
+    it), and, unless it is refused before training (`RunConfigError`,
     which writes nothing), writes `summary.json` however it ends: `status`
     is `"finished"`, `"incomplete"` (stopped early),
     `"failed"` (an error: `reason`, `error`) or `"interrupted"` (Ctrl-C,
@@ -285,6 +292,7 @@ def pretrain(data, output_dir, **settings):
     """
     config = RunConfig(data=data, output_dir=output_dir, **settings)
     config.validate()
+    distribution = check_devices(config)
     with contextlib.ExitStack() as stack:
         if is_primary():  # only process 0 writes
             stack.enter_context(
@@ -300,7 +308,7 @@ def pretrain(data, output_dir, **settings):
         existing = _entries(config.output_dir) - {LOCK_FILE}
         stack.enter_context(_terminate_as_exit())
         try:
-            lm, summary = _run(config)
+            lm, summary = _run(config, distribution)
         except BaseException as error:
             # A run refused for its settings or data (raised before
             # training) writes nothing; every other exit is summarised.
@@ -346,6 +354,8 @@ def _train(config):
     if is_primary():
         os.makedirs(config.output_dir, exist_ok=True)
     record_run(config, run_data)
+    if is_primary():  # what `--config OUTPUT/config.toml` reruns
+        write_settings_file(config.path(CONFIG_FILE), config, config.command)
     lm = training.build_run_model(config, run_data.tokenizer)
     checkpoints = RunCheckpoints.of(config)
     step = checkpoints.resume(lm, run_data)
@@ -375,11 +385,11 @@ def _train(config):
     return lm, run_data, step
 
 
-def _run(config):
+def _run(config, distribution):
     """The steps of `pretrain` (see the package docstring), under the
     output's lock; returns `(lm, summary)`."""
     checkpoints = RunCheckpoints.of(config)
-    with run_scope(config):
+    with run_scope(config, distribution):
         try:
             lm, run_data, step = _train(config)
             # Every checkpoint is committed before the final steps.

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+from argparse import SUPPRESS
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def test_every_option_has_help_and_its_default(name, capsys):
         assert action.help, f"{name}: {action.option_strings} has no help"
         for option in action.option_strings:
             assert option in out
-        if action.default not in (None, False, [], True) and (
+        if action.default not in (None, False, [], True, SUPPRESS) and (
             action.option_strings
         ):
             # The formatter's "(default: X)", or the help's own wording.
@@ -123,10 +124,11 @@ def test_a_missing_preset_is_a_usage_error_that_says_what_to_give(
 ):
     status, _, err = run_cli([command, "--preset", "missing"], capsys)
     assert status == 2
+    # finetune's --preset is a run setting, checked with the others.
     assert (
-        "argument --preset: 'missing' is not a directory; give a preset "
-        "directory, e.g. runs/mhf/preset"
-    ) in err
+        "--preset: 'missing' is not a directory; give a preset directory, "
+        "e.g. runs/mhf/preset"
+    ) in err.replace("--preset 'missing'", "--preset: 'missing'")
 
 
 LIGHT_CHILD = """
@@ -214,6 +216,41 @@ def test_pretrain_writes_a_preset(trained):
     summary = json.loads((preset.parent / "summary.json").read_text())
     assert summary["status"] == "finished"
     assert (preset / "config.json").exists()
+
+
+def test_config_file_reruns_a_run(trained, capsys):
+    """`OUTPUT/config.toml` holds the run's resolved settings: `--config`
+    with it resumes the finished run (the same settings, so not refused),
+    and with another `--output` retrains it to the same weights, bit for
+    bit; a flag given with it overrides the file."""
+    import tomllib
+
+    root, preset = trained
+    config = preset.parent / "config.toml"
+    recorded = tomllib.loads(config.read_text())
+    assert recorded["command"] == "pretrain"
+    assert recorded["data"] == str((root / "prepared").resolve())
+    assert recorded["steps"] == 2 and recorded["compilation_cache"] == "none"
+    assert "keras-mhf pretrain --config" in config.read_text()
+    status, out, err = run_cli(["pretrain", "--config", config], capsys)
+    assert status == 0, err[-2000:]
+    assert last_json(out)["status"] == "finished"
+    status, out, err = run_cli(
+        ["pretrain", "--config", config, "--output", "again"], capsys
+    )
+    assert status == 0, err[-2000:]
+    for name in ("model.weights.h5", "task.json"):
+        assert (root / "again" / "preset" / name).read_bytes() == (
+            preset / name
+        ).read_bytes()
+    again = tomllib.loads((root / "again" / "config.toml").read_text())
+    assert again == dict(recorded, output_dir=str((root / "again").resolve()))
+    # A flag overrides the file: other steps, so this output is refused.
+    status, _, err = run_cli(
+        ["pretrain", "--config", config, "--steps", "3"], capsys
+    )
+    assert status == 2
+    assert "steps: 2 recorded, now 3" in err
 
 
 def test_inspect_a_preset_and_architectures(trained, capsys):
@@ -369,49 +406,3 @@ def test_export_a_preset(trained, capsys):
         command + ["--output", "hf", "--overwrite"], capsys
     )
     assert status == 0, err
-
-
-def test_the_old_script_paths_still_work():
-    """`recipes/pretrain.py`, `tools/export.py` and the other kept paths run
-    the same commands (each `--help`, run as a script, in one process)."""
-    paths = [
-        "recipes/pretrain.py",
-        "recipes/finetune.py",
-        "recipes/evaluate.py",
-        "tools/prepare_data.py",
-        "tools/export.py",
-    ]
-    script = """
-import contextlib, io, runpy, sys
-for path in sys.argv[1:]:
-    sys.argv = [path, "--help"]
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            runpy.run_path(path, run_name="__main__")
-    except SystemExit as exit:
-        assert exit.code in (0, None), (path, exit.code)
-    print(path, out.getvalue().splitlines()[0])
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script] + [str(REPO / p) for p in paths],
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    lines = done.stdout.splitlines()
-    assert len(lines) == len(paths)
-    for path, line in zip(paths, lines):
-        assert line.split(" ", 1)[1].startswith("usage: keras-mhf "), line
-
-
-def test_pretrain_defaults_are_run_configs():
-    """The defaults `keras-mhf pretrain --help` shows (kept without Keras)
-    are `RunConfig`'s."""
-    import dataclasses
-
-    from keras_mhf.pretraining import RunConfig
-    from keras_mhf.utils.training_defaults import PRETRAIN_DEFAULTS
-
-    fields = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-    assert PRETRAIN_DEFAULTS == {k: fields[k] for k in PRETRAIN_DEFAULTS}

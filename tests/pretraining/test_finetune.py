@@ -152,7 +152,7 @@ def test_bad_presets_and_ranks_are_refused(setup, tmp_path, capsys):
     root, preset, documents = setup
     output = tmp_path / "out"
     with pytest.raises(RunConfigError, match="--lora-rank must be an integer"):
-        finetune(preset, documents, str(output), lora_rank=0)
+        finetune(preset, documents, str(output), lora_rank=-1)
     with pytest.raises(RunConfigError, match="not a KerasHub preset"):
         finetune(str(tmp_path), documents, str(output))
     other = tmp_path / "other"
@@ -193,8 +193,10 @@ def test_bad_presets_and_ranks_are_refused(setup, tmp_path, capsys):
     assert "hash_encoder/embeddings_0" in trainable
     assert "transformer_layer_0/self_attention/query/kernel" in trainable
     assert not any("lora" in w.path for w in lm.weights)
-    with pytest.raises(RunConfigError, match="need a preset"):
+    with pytest.raises(RunConfigError, match="needs a preset"):
         RunConfig(documents, str(output), lora_rank=4).validate()
+    # 0, as on the command line, is every weight.
+    assert RunConfig(documents, str(output), lora_rank=0).lora_rank is None
     status, _, err = recipe_main(
         ["--preset", preset, "--data", documents, "--output", output]
         + ["--lora-rank", -1],

@@ -1,0 +1,744 @@
+"""The Markdown tables of the measurements in `benchmarks/results`: results
+in (the JSON a benchmark script writes, or the rows it measured), Markdown
+out.
+
+The benchmark scripts write their reports (`benchmarks/results/*.md`, or the
+text they print) with these functions, and `benchmarks.write_performance_docs`
+builds the tables of docs/performance.md with the same ones, so each table's
+columns and formulas live here once. This module is the tables;
+`benchmarks/common.py` holds the rest the scripts share (paths, processes,
+models, memory readers).
+
+Only the standard library is used: the page writer imports this module
+without keras.
+"""
+
+# --- shared ---
+
+
+def markdown_table(header, rows):
+    """The lines of a Markdown table: `header`, its rule, one line a row."""
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def by_kind(results, kind, vocabulary_size):
+    """The result of `kind` at `vocabulary_size` (None if not measured)."""
+    return next(
+        (
+            r
+            for r in results
+            if r.get("kind") == kind
+            and r.get("vocabulary_size") == vocabulary_size
+        ),
+        None,
+    )
+
+
+# --- training: throughput, MFU, memory, generation (benchmarks.benchmark) ---
+
+
+def _standard(results, r, vocabulary_size):
+    """Standard's result on `r`'s backend at `vocabulary_size`."""
+    return next(
+        (
+            s
+            for s in results
+            if s["backend"] == r["backend"]
+            and s["vocabulary_size"] == vocabulary_size
+            and s["config"] == "standard"
+        ),
+        None,
+    )
+
+
+def training_table(results, backend_column=True, step_range=True):
+    """One row per (backend, V, model): training tok/s, MFU, peak training
+    memory, generation ms/token at batch 1 / 8, scoring tok/s, analytic
+    GFLOP/token, and an MHF's ratios to Standard at the same backend and V
+    (generation: measured, the analytic FLOP ratio in brackets).
+    `backend_column` and `step_range` (the fastest and slowest step, s) are
+    the columns a one-backend summary leaves out."""
+    header = [
+        "V",
+        "model",
+        "train tok/s (min-max step s)" if step_range else "train tok/s",
+        "MFU",
+        "peak train MB",
+        "gen ms/token b1 / b8",
+        "score tok/s",
+        "GFLOP/token",
+        "MHF/Std tok/s",
+        "MHF/Std MFU",
+        "MHF/Std memory",
+        "MHF/Std gen b1 / b8 (analytic)",
+    ]
+    rows = []
+    for r in results:
+        std = _standard(results, r, r["vocabulary_size"])
+        ratios = ["", "", "", ""]
+        if std is not None and r["config"] != "standard":
+            memory = r["peak_train_memory_mb"] / max(
+                std["peak_train_memory_mb"], 1e-9
+            )
+            generate = [
+                r[f"generate_ms_per_token_b{b}"]
+                / std[f"generate_ms_per_token_b{b}"]
+                for b in (1, 8)
+            ]
+            generate_flops = (
+                r["generate_flops_per_token"] / std["generate_flops_per_token"]
+            )
+            ratios = [
+                f"{r['train_tokens_per_s'] / std['train_tokens_per_s']:.2f}",
+                f"{r['mfu'] / std['mfu']:.2f}",
+                f"{memory:.2f}",
+                f"{generate[0]:.2f} / {generate[1]:.2f} ({generate_flops:.2f})",
+            ]
+        speed = f"{r['train_tokens_per_s']:,.0f}"
+        if step_range:
+            speed += (
+                f" ({r['train_step_min_s']:.2f}-{r['train_step_max_s']:.2f})"
+            )
+        row = [
+            f"{r['vocabulary_size']:,}",
+            r["config"],
+            speed,
+            f"{r['mfu']:.2f}",
+            f"{r['peak_train_memory_mb']:,.0f}",
+            f"{r['generate_ms_per_token_b1']:.1f} / "
+            f"{r['generate_ms_per_token_b8']:.1f}",
+            f"{r['score_tokens_per_s']:,.0f}",
+            f"{r['flops_per_token'] / 1e9:.3f}",
+        ]
+        rows.append(([r["backend"]] if backend_column else []) + row + ratios)
+    if backend_column:
+        header = ["backend"] + header
+    return markdown_table(header, rows)
+
+
+def paper_scale_costs(results):
+    """`(result, FLOP ratio, MFU ratio)` for each MHF at V = 32,768 with a
+    Standard there on its backend: its analytic training FLOPs per token at
+    the paper's 1B trunk over Standard's, and Standard's MFU over its own.
+    Their product carries the measured per-FLOP efficiency over to the
+    paper's training time (time per token = FLOPs / (MFU x peak))."""
+    costs = []
+    for r in results:
+        std = _standard(results, r, 32768)
+        if (
+            std is None
+            or r["config"] == "standard"
+            or r["vocabulary_size"] != 32768
+        ):
+            continue
+        flops = r["flops_per_token_paper_1b"] / std["flops_per_token_paper_1b"]
+        costs.append((r, flops, std["mfu"] / r["mfu"]))
+    return costs
+
+
+def training_report(results, peaks):
+    """`benchmarks.benchmark`'s report: the table, the peak matmul FLOP/s of
+    each backend and the extrapolation to the paper's 1B trunk."""
+    lines = training_table(results)
+    peak_line = ", ".join(
+        f"{b}: {p / 1e9:.0f} GFLOP/s" for b, p in peaks.items()
+    )
+    lines += ["", f"Peak 2048x2048 float32 matmul: {peak_line}.", ""]
+    for r, flops, efficiency in paper_scale_costs(results):
+        lines.append(
+            "Extrapolated training cost at the paper's 1B trunk (V=32K, "
+            f"context 2048), {r['backend']} {r['config']}: {flops:.2f}x "
+            f"Standard's FLOPs x {efficiency:.2f} (Standard/MHF MFU) = "
+            f"{flops * efficiency:.2f}x Standard's time."
+        )
+    return "\n".join(lines) + "\n"
+
+
+# --- inference against V (benchmarks.benchmark --inference ...) ---
+
+SCORING_HEADER = [
+    "V",
+    "MHF score tok/s",
+    "Standard score tok/s",
+    "MHF / Standard",
+    "analytic FLOP ratio",
+    "measured / analytic",
+]
+
+
+def scoring_rows(results, emphasize=False):
+    """`--inference scoring`: MHF's and Standard's scoring tok/s per V, their
+    ratio, the analytic FLOP ratio (Standard's forward FLOPs over MHF's) and
+    measured over analytic; `emphasize` bolds the ratios of 1 or more."""
+    rows = []
+    for v in sorted({r["vocabulary_size"] for r in results}):
+        m = by_kind(results, "mhf_score", v)
+        s = by_kind(results, "standard_score", v)
+        if m is None or s is None:
+            continue
+        if "error" in s:
+            rows.append(
+                [
+                    f"{v:,}",
+                    f"{m['score_tokens_per_s']:,.0f}",
+                    s["error"],
+                    "—",
+                    "—",
+                    "—",
+                ]
+            )
+            continue
+        ratio = m["score_tokens_per_s"] / s["score_tokens_per_s"]
+        analytic = s["forward_flops_per_token"] / m["forward_flops_per_token"]
+        shown = f"{ratio:.2f}"
+        if emphasize and ratio >= 1:
+            shown = f"**{shown}**"
+        rows.append(
+            [
+                f"{v:,}",
+                f"{m['score_tokens_per_s']:,.0f}",
+                f"{s['score_tokens_per_s']:,.0f}",
+                shown,
+                f"{analytic:.2f}",
+                f"{ratio / analytic:.2f}",
+            ]
+        )
+    return rows
+
+
+def scoring_report(results):
+    return "\n".join(markdown_table(SCORING_HEADER, scoring_rows(results)))
+
+
+FALLBACK_HEADER = [
+    "V",
+    "K",
+    "candidates ms/token b1 / b8",
+    "full scan b1 / b8",
+    "candidates / full b1 / b8",
+    "fallback rate b1 / b8",
+]
+
+
+def fallback_rows(results, vocab):
+    """`--inference fallback`: candidate decoding whose every step falls back
+    to the full scan against `decoding="full"` on the same model, per V."""
+    rows = []
+    for v in vocab:
+        r = by_kind(results, "mhf_disagree", v)
+        c = [r[f"disagree_candidates_ms_per_token_b{b}"] for b in (1, 8)]
+        f = [r[f"disagree_full_ms_per_token_b{b}"] for b in (1, 8)]
+        rate = [r[f"disagree_candidates_fallback_rate_b{b}"] for b in (1, 8)]
+        rows.append(
+            [
+                f"{v:,}",
+                r["candidate_buckets"],
+                f"{c[0]:.1f} / {c[1]:.1f}",
+                f"{f[0]:.1f} / {f[1]:.1f}",
+                f"{c[0] / f[0]:.2f} / {c[1] / f[1]:.2f}",
+                f"{rate[0]:.3f} / {rate[1]:.3f}",
+            ]
+        )
+    return rows
+
+
+def fallback_report(results, settings, scale):
+    """The all-fallback table under what was measured (`settings`: the
+    benchmark's options; `scale`: the factor on the bucket tables)."""
+    lines = [
+        f"Every certificate fails (a random {settings['mhf_architecture']} "
+        f"whose bucket tables are scaled x{scale:g}, so its heads disagree; "
+        f"greedy, {settings['new_tokens']} new tokens per call; after a "
+        "failure the next 1, 2, 4, ... steps scan without searching; "
+        "fallback rate: the steps that scanned):",
+        "",
+    ]
+    lines += markdown_table(
+        FALLBACK_HEADER, fallback_rows(results, settings["vocab"])
+    )
+    return "\n".join(lines)
+
+
+VOCABULARY_HEADER = [
+    "V",
+    "MHF candidates ms/token b1 / b8",
+    "MHF full scan b1 / b8",
+    "Standard b1 / b8",
+    "Standard / MHF candidates b1 / b8",
+    "fallback rate b1 / b8",
+    "MHF score tok/s",
+    "Standard score tok/s",
+    "MHF / Standard score",
+]
+
+
+def vocabulary_rows(results, vocab):
+    """`--inference vocabulary`: generation ms/token (MHF with candidate
+    decoding and with the full scan, Standard), candidate decoding's fallback
+    rate and scoring tok/s, per V; a Standard run that failed shows why."""
+    rows = []
+    for v in vocab:
+        m, s = by_kind(results, "mhf", v), by_kind(results, "standard", v)
+        mc = [m[f"mhf_candidates_ms_per_token_b{b}"] for b in (1, 8)]
+        mf = [m[f"mhf_full_ms_per_token_b{b}"] for b in (1, 8)]
+        rate = [m[f"mhf_candidates_fallback_rate_b{b}"] for b in (1, 8)]
+        row = [
+            f"{v:,}",
+            f"{mc[0]:.1f} / {mc[1]:.1f}",
+            f"{mf[0]:.1f} / {mf[1]:.1f}",
+        ]
+        if "error" in s:
+            row += [s["error"], "—"]
+        else:
+            sg = [s[f"standard_ms_per_token_b{b}"] for b in (1, 8)]
+            row += [
+                f"{sg[0]:.1f} / {sg[1]:.1f}",
+                f"{sg[0] / mc[0]:.2f} / {sg[1] / mc[1]:.2f}",
+            ]
+        row += [
+            f"{rate[0]:.3f} / {rate[1]:.3f}",
+            f"{m['mhf_score_tokens_per_s']:,.0f}",
+        ]
+        if "error" in s:
+            row += ["—", "—"]
+        elif "score_error" in s:
+            row += [s["score_error"], "—"]
+        else:
+            score = s["standard_score_tokens_per_s"]
+            row += [
+                f"{score:,.0f}",
+                f"{m['mhf_score_tokens_per_s'] / score:.2f}",
+            ]
+        rows.append(row)
+    return rows
+
+
+def candidate_slowdown(results, vocab):
+    """`{V: [batch 1, batch 8]}`: MHF's candidate decoding time per token at
+    each V over its time at the smallest V."""
+    base = by_kind(results, "mhf", min(vocab))
+    return {
+        v: [
+            by_kind(results, "mhf", v)[key] / base[key]
+            for key in (f"mhf_candidates_ms_per_token_b{b}" for b in (1, 8))
+        ]
+        for v in vocab
+    }
+
+
+def vocabulary_report(results, settings, scale):
+    """The vocabulary table, each V's candidate decoding time against the
+    smallest V's, the all-fallback table (`fallback_report`) and an
+    untrained model's fallback rate."""
+    vocab = settings["vocab"]
+    lines = markdown_table(VOCABULARY_HEADER, vocabulary_rows(results, vocab))
+    for v, ratios in candidate_slowdown(results, vocab).items():
+        for b, ratio in zip((1, 8), ratios):
+            lines.append(
+                f"\nMHF at V={v:,}, batch {b}: {ratio:.2f}x its time per "
+                f"token at V={min(vocab):,}."
+            )
+    lines.append("\n" + fallback_report(results, settings, scale))
+    random = by_kind(results, "mhf_random", min(vocab))
+    lines.append(
+        f"\nFallback rate of an untrained model of the same architecture "
+        f"(V={min(vocab):,}): "
+        f"{random['mhf_candidates_fallback_rate_b1']:.3f} (batch 1), "
+        f"{random['mhf_candidates_fallback_rate_b8']:.3f} (batch 8)."
+    )
+    return "\n".join(lines)
+
+
+QUANTIZATION_HEADER = [
+    "model",
+    "weights",
+    "gen ms/token b1",
+    "gen ms/token b8",
+    "vocabulary-side bytes",
+    "speed-up b1 vs float32",
+]
+
+
+def quantization_rows(results, settings):
+    """`--inference quantization`: generation ms/token and the vocabulary
+    side's bytes of each model in float32 and each quantized mode, at the
+    smallest V of `settings`."""
+    v = min(settings["vocab"])
+    rows = []
+    for config in settings["configs"]:
+        base = by_kind(results, f"{config}:float32", v)
+        for mode in ["float32"] + list(settings["quantize"]):
+            r = by_kind(results, f"{config}:{mode}", v)
+            speedup = base["gen_ms_per_token_b1"] / r["gen_ms_per_token_b1"]
+            rows.append(
+                [
+                    config,
+                    mode,
+                    f"{r['gen_ms_per_token_b1']:.1f}",
+                    f"{r['gen_ms_per_token_b8']:.1f}",
+                    f"{r['table_bytes']:,}",
+                    f"{speedup:.2f}x",
+                ]
+            )
+    return rows
+
+
+def quantization_report(results, settings):
+    lines = markdown_table(
+        QUANTIZATION_HEADER, quantization_rows(results, settings)
+    )
+    v = min(settings["vocab"])
+    mhf_config = next(c for c in settings["configs"] if c != "standard")
+    for mode in settings["quantize"]:
+        mhf = by_kind(results, f"{mhf_config}:{mode}", v)
+        std = by_kind(results, f"standard:{mode}", v)
+        lines.append(
+            f"\n{mode}: MHF / Standard time per token at batch 1: "
+            f"{mhf['gen_ms_per_token_b1'] / std['gen_ms_per_token_b1']:.2f}x."
+        )
+    return "\n".join(lines)
+
+
+# --- training memory (benchmarks.head_memory) ---
+
+# The headless rows (a backbone under a mean squared loss on its hidden
+# states): the base of the "head's share" of the MHF rows and of Standard's.
+TRUNKS = ("trunk", "standard_trunk")
+
+
+def head_memory_table(rows, xla_analysis=False):
+    """`benchmarks.head_memory`'s table of its measured `rows` (one a mode and
+    tokens per step): peak RSS growth (or, with `xla_analysis`, XLA's
+    temporaries), the ratio to Standard at the same tokens, the head's share
+    (over the headless row's), and the step time and loss (or XLA's argument
+    sizes). A row that failed shows why."""
+    if xla_analysis:
+        lines = [
+            "| head | tokens/step | temporaries MiB | / Standard | head's "
+            "share MiB | arguments MiB |",
+            "|---|---|---|---|---|---|",
+        ]
+        value, columns = "xla_temp_mib", ("xla_argument_mib",)
+    else:
+        lines = [
+            "| head | tokens/step | peak MiB | / Standard | head's share MiB "
+            "| step s | loss |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        value, columns = "peak_mib", ("step_s", "loss")
+    by_mode = {(r["mode"], r["tokens"]): r for r in rows if not r.get("failed")}
+    for r in rows:
+        if r.get("failed"):
+            blanks = " |" * (len(columns) + 2)
+            lines.append(
+                f"| {r['mode']} | {r['tokens']} | {r['failed']} |{blanks}"
+            )
+            continue
+        std = by_mode.get(("standard", r["tokens"]))
+        ratio = f"{r[value] / std[value]:.2f}" if std and std[value] > 0 else ""
+        headless = "standard_trunk" if r["mode"] == "standard" else "trunk"
+        base = by_mode.get((headless, r["tokens"]))
+        share = (
+            f"{r[value] - base[value]:.0f}"
+            if base and r["mode"] not in TRUNKS
+            else ""
+        )
+        rest = " | ".join(
+            f"{r[c]:.4f}"
+            if c == "loss"
+            else f"{r[c]:.0f}"
+            if "mib" in c
+            else f"{r[c]:.2f}"
+            for c in columns
+        )
+        lines.append(
+            f"| {r['mode']} | {r['tokens']} | {r[value]:.0f} | {ratio} "
+            f"| {share} | {rest} |"
+        )
+    return lines
+
+
+def read_markdown_table(path):
+    """The rows of the first Markdown table in the file at `path` (e.g. one
+    `head_memory_table` wrote), as dicts from its header to the cells'
+    text."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f if line.strip().startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows.append(dict(zip(header, cells)))
+    return rows
+
+
+# --- quantization quality (benchmarks.quantization_quality) ---
+
+QUALITY_HEADER = [
+    "model",
+    "weights",
+    "next-token acc",
+    "perplexity (paper rule)",
+    "perplexity (calibrated)",
+    "ECE",
+    "greedy identical",
+]
+
+
+def quality_modes(results):
+    """float32, then the quantized modes measured against it."""
+    return ["float32"] + [
+        mode
+        for mode, r in results.items()
+        if isinstance(r, dict) and "greedy_identical" in r
+    ]
+
+
+def quality_rows(results, label):
+    """Held-out next-token accuracy, perplexity (paper rule and calibrated)
+    and ECE of float32 and each quantized mode (with their changes), and
+    the share of greedy continuations identical to float32's; `label` names
+    the model in its first row."""
+    rows = []
+    for mode in quality_modes(results):
+        r = results[mode]
+        accuracy = f"{r['accuracy']:.4f}"
+        perplexity = f"{r['perplexity']:,.2f}"
+        identical = ""
+        if mode != "float32":
+            accuracy += f" ({r['accuracy_change_points']:+.2f} pt)"
+            perplexity += f" ({r['perplexity_change']:+.2%})"
+            identical = f"{r['greedy_identical']:.0%}"
+        rows.append(
+            [
+                label if mode == "float32" else "",
+                mode,
+                accuracy,
+                f"{r.get('paper_rule', r)['perplexity']:,.1f}",
+                perplexity,
+                f"{r['ece']:.3f}",
+                identical,
+            ]
+        )
+    return rows
+
+
+def quality_report(results, label, prompts, new_tokens):
+    """The quality table and a sentence per quantized mode."""
+    lines = markdown_table(QUALITY_HEADER, quality_rows(results, label))
+    for mode in quality_modes(results)[1:]:
+        r = results[mode]
+        lines.append(
+            f"\n{mode}: next-token accuracy "
+            f"{r['accuracy_change_points']:+.2f} points, held-out perplexity "
+            f"ratio (calibrated) {r['perplexity_ratio']:.4f} "
+            f"({r['perplexity_change']:+.2%}), greedy continuations "
+            f"identical for {r['greedy_identical']:.0%} of {prompts} prompts "
+            f"({new_tokens} new tokens each)."
+        )
+    return "\n".join(lines)
+
+
+# --- evaluation (benchmarks.benchmark_evaluation, evaluation_at_scale) ---
+
+EVALUATION_TASKS = {"lambada": "LAMBADA-style", "piqa": "PIQA-style"}
+
+
+def evaluation_speed_table(results):
+    """`benchmarks.benchmark_evaluation`: the compiled scorer's examples/s
+    (first pass, with compiling, and second) against the eager `score()`
+    path, and how far their log-likelihoods and greedy flags agree."""
+    rows = []
+    for task, label in EVALUATION_TASKS.items():
+        r = results[task]
+        rows.append(
+            [
+                label,
+                f"{r['reference_examples_per_s']:.2f}",
+                f"{r['compiled_examples_per_s_first_pass']:.2f}",
+                f"{r['compiled_examples_per_s']:.2f}",
+                f"{r['speedup']:.1f}x ({r['speedup_first_pass']:.1f}x)",
+                f"{r['max_loglikelihood_difference']:.1e}",
+                "yes" if r["same_greedy_flags"] else "no",
+            ]
+        )
+    return markdown_table(
+        [
+            "task",
+            "eager score() ex/s",
+            "compiled ex/s (first pass, with compiling)",
+            "compiled ex/s",
+            "speed-up (first pass)",
+            "max log-likelihood difference",
+            "same greedy flags",
+        ],
+        rows,
+    )
+
+
+def evaluation_speed_report(results, vocabulary_size):
+    s = results["settings"]
+    return "\n".join(
+        [
+            f"Evaluation speed, {results['backend']}, {s['architecture']}, "
+            f"V={vocabulary_size:,}, batch {s['batch_size']}",
+            "",
+            *evaluation_speed_table(results),
+        ]
+    )
+
+
+def evaluation_parts_table(report):
+    """`benchmarks.evaluation_at_scale`: wall time and peak RSS of each part of
+    the run (the interrupted one, the resumed one)."""
+    return markdown_table(
+        [
+            "part",
+            "wall s",
+            "peak RSS MB (largest process so far)",
+            "examples recorded",
+        ],
+        [
+            [
+                p["part"],
+                f"{p['seconds']:.0f}",
+                f"{p['peak_rss_mb']:,.0f}",
+                p.get("examples_recorded", "all"),
+            ]
+            for p in report["parts"]
+        ],
+    )
+
+
+def evaluation_at_scale_report(report):
+    """The parts table, the totals and the metrics of each task."""
+    metrics = []
+    for key, m in report["metrics"].items():
+        other = m.get("acc_norm", m.get("perplexity"))
+        metrics.append([key, m["examples"], f"{m['acc']:.4f}", f"{other:.4f}"])
+    lines = [
+        f"Evaluation at scale: {report['preset']}, batch "
+        f"{report['batch_size']}",
+        "",
+        *evaluation_parts_table(report),
+        "",
+        f"Total {report['total_seconds']:.0f} s, peak RSS "
+        f"{report['peak_rss_mb']:,.0f} MB. {report['compiled_shapes']}",
+        "",
+        *markdown_table(
+            ["task", "examples", "acc", "acc_norm / perplexity"], metrics
+        ),
+    ]
+    return "\n".join(lines)
+
+
+# --- data pipeline (benchmarks.benchmark_data) ---
+
+
+def prepare_table(prepare):
+    """Tokenizing into shards: text and shard sizes, tokens, workers,
+    seconds and tokens/s of each run on each corpus."""
+    rows = []
+    for name in ("small", "large"):
+        part = prepare.get(name, {})
+        for run in part.get("runs", []):
+            rows.append(
+                [
+                    name,
+                    f"{part['text_bytes'] / 1e6:,.0f} MB",
+                    f"{run['tokens']:,}",
+                    f"{run['shard_bytes'] / 1e6:,.0f} MB",
+                    run["workers"],
+                    run["seconds"],
+                    f"{run['tokens_per_s']:,}",
+                ]
+            )
+    return markdown_table(
+        [
+            "corpus",
+            "text",
+            "tokens",
+            "shards",
+            "workers",
+            "seconds",
+            "tokens/s",
+        ],
+        rows,
+    )
+
+
+def _met(ok):
+    return "met" if ok else "NOT met"
+
+
+def data_report(results, rss_limit_mb, loader_factor):
+    """`benchmarks.benchmark_data`'s report of the sections in `results`
+    (`rss_limit_mb`, `loader_factor`: the targets the rss and loader
+    sections were held to)."""
+    lines = [
+        "# Streaming data path: measurements",
+        "",
+        f"Machine: {results.get('machine', '?')}."
+        + (f" {results['note']}" if results.get("note") else ""),
+        "",
+    ]
+    if results.get("prepare"):
+        lines += prepare_table(results["prepare"]) + [""]
+    reader = results.get("reader")
+    if reader:
+        lines += [
+            f"`prepare_data`'s main process reads and parses "
+            f"{reader['megabytes_per_s']} MB/s of JSONL "
+            f"({reader['documents_per_s']:,} documents/s), the ceiling that "
+            "more tokenizer workers cannot pass.",
+            "",
+        ]
+    rss = results.get("rss")
+    if rss:
+        lines += [
+            f"Peak RSS of `keras-mhf pretrain` ({rss['architecture']}, "
+            f"{rss['steps']} steps, backend {rss['backend']}): small corpus "
+            f"{rss['small']['peak_rss_mb']} MB, large corpus "
+            f"{rss['large']['peak_rss_mb']} MB, difference "
+            f"{rss['difference_mb']} MB (limit {rss_limit_mb} MB: "
+            f"{_met(rss['met'])}).",
+            "",
+        ]
+    loader = results.get("loader")
+    if loader:
+        lines += [
+            f"Loader: {loader['loader']['windows_per_s']:,} windows/s "
+            f"({loader['loader']['tokens_per_s']:,} tokens/s, sequence 128, "
+            f"batch 8); {loader['model']['architecture']} trains "
+            f"{loader['model']['tokens_per_s']:,} tokens/s "
+            f"({loader['model']['backend']}): the loader delivers "
+            f"{loader['factor']:,.0f}x (target {loader_factor}x: "
+            f"{_met(loader['met'])}).",
+            "",
+        ]
+    resume = results.get("resume")
+    if resume:
+        lines += [
+            f"Resume on the large corpus: process start to the end of the "
+            f"first training step {resume['resumed_run_s']} s after a SIGKILL "
+            f"(a fresh run: {resume['fresh_run_s']} s; starting Python and "
+            f"importing keras_mhf.pretraining alone: {resume['import_s']} s; "
+            f"target {resume['target_s']} s: {_met(resume['met'])}).",
+            "",
+        ]
+    tests = results.get("tests")
+    if tests:
+        lines += markdown_table(
+            ["backend", f"`{' '.join(tests['files'])}`", "result"],
+            [
+                [backend, f"{run['seconds']} s", run["result"]]
+                for backend, run in tests["backends"].items()
+            ],
+        )
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,36 @@
+"""The settings of a run, declared once, without Keras (so that `--help`
+answers at once): `Setting`, the table `RUN_SETTINGS` of every setting of
+`keras-mhf pretrain` and `finetune`, and settings files (`--config FILE`,
+`OUTPUT/config.toml`).
+
+| module | holds |
+|---|---|
+| `setting` | `Setting`: name, type, defaults, rule, help, flag, recorded |
+| `run_settings` | `RUN_SETTINGS`, the rules, `settings_of`, `settings_table` |
+| `settings_file` | `read_settings_file`, `write_settings_file` |
+
+Example:
+
+```python
+from keras_mhf.settings import read_settings_file
+
+read_settings_file("runs/mhf/config.toml")  # {"data": [...], "steps": 300, ...}
+```
+"""
+
+from keras_mhf.settings.run_settings import DISTRIBUTIONS
+from keras_mhf.settings.run_settings import MODELS
+from keras_mhf.settings.run_settings import OPTIMIZERS
+from keras_mhf.settings.run_settings import PRECISIONS
+from keras_mhf.settings.run_settings import RUN_SETTINGS
+from keras_mhf.settings.run_settings import SIGNATURE_RULES
+from keras_mhf.settings.run_settings import command_defaults
+from keras_mhf.settings.run_settings import finetune_defaults
+from keras_mhf.settings.run_settings import parse_mesh
+from keras_mhf.settings.run_settings import settings_of
+from keras_mhf.settings.run_settings import settings_table
+from keras_mhf.settings.setting import Setting
+from keras_mhf.settings.settings_file import CONFIG_FILE
+from keras_mhf.settings.settings_file import SettingsFileError
+from keras_mhf.settings.settings_file import read_settings_file
+from keras_mhf.settings.settings_file import write_settings_file
