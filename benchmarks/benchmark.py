@@ -541,7 +541,11 @@ def _all_fallback(args, vocabulary_size):
         for table in model.backbone.hash_encoder.embeddings:
             table.assign(keras.ops.convert_to_numpy(table) * DISAGREE_SCALE)
         model.compile(sampler="greedy")
-        model.candidate_buckets = model.resolved_candidate_buckets()
+        from keras_mhf.models.multi_hash_former.multi_hash_former_decoding import (  # noqa: E501
+            resolved_candidate_buckets,
+        )
+
+        model.candidate_buckets = resolved_candidate_buckets(model)
         model.decoding = decoding
         return model
 
@@ -621,7 +625,11 @@ def inference_worker(kind, vocabulary_size, args):
         model.compile(sampler="greedy")
         # Set explicitly, so the search runs at every V (automatic K scans
         # small vocabularies whole, which is faster there).
-        model.candidate_buckets = model.resolved_candidate_buckets()
+        from keras_mhf.models.multi_hash_former.multi_hash_former_decoding import (  # noqa: E501
+            resolved_candidate_buckets,
+        )
+
+        model.candidate_buckets = resolved_candidate_buckets(model)
         result["candidate_buckets"] = model.candidate_buckets
         result["max_bucket_load"] = list(model.bucket_index.max_bucket_load)
         for decoding in ("candidates", "full"):

@@ -108,7 +108,11 @@ def main(argv=None):
     for name, lm in (("V=32,768", small), (f"V={args.vocab:,}", big)):
         lm.compile(sampler="greedy")
         lm.preprocessor = None
-        lm.candidate_buckets = lm.resolved_candidate_buckets()
+        from keras_mhf.models.multi_hash_former.multi_hash_former_decoding import (  # noqa: E501
+            resolved_candidate_buckets,
+        )
+
+        lm.candidate_buckets = resolved_candidate_buckets(lm)
         print(
             f"{name}: K = {lm.candidate_buckets}, largest bucket per head "
             f"{lm.bucket_index.max_bucket_load}"

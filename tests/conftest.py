@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import keras
+import numpy as np
 import pytest
 
 keras.config.disable_traceback_filtering()
@@ -17,20 +18,59 @@ OPENSTAX = DATA / "openstax_edu_en"
 
 
 def run_script(script, *args, timeout=600, env=None):
-    """Runs one of the repository's scripts (`tools/...`, `recipes/...`;
-    `.sh` under bash, else this Python) with `args`, fails the test with
-    the end of its output unless it exits 0, and returns the finished
-    process (`stdout`, `stderr` as text)."""
+    """Runs one of the repository's scripts (`recipes/...`,
+    `benchmarks/*.sh`; `.sh` under bash, else this Python) with `args`,
+    fails the test with the end of its output unless it exits 0, and
+    returns the finished process (`stdout`, `stderr` as text)."""
     program = ["bash"] if script.endswith(".sh") else [sys.executable]
+    return _run_to_success(program + [str(REPO / script)], args, timeout, env)
+
+
+def run_module(module, *args, timeout=600, env=None):
+    """Runs `python -m MODULE ARGS` (e.g. `benchmarks.benchmark`,
+    `keras_mhf.cli.main`) in this Python from the repository root, fails the
+    test with the end of its output unless it exits 0, and returns the
+    finished process (`stdout`, `stderr` as text)."""
+    command = [sys.executable, "-m", module]
+    return _run_to_success(command, args, timeout, env, cwd=REPO)
+
+
+def _run_to_success(command, args, timeout, env, cwd=None):
     done = subprocess.run(
-        program + [str(REPO / script)] + [str(a) for a in args],
+        command + [str(a) for a in args],
         capture_output=True,
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
+
+
+def assert_greedy_continuation(lm, prompt="The cell", length=8):
+    """Greedy `lm.generate(prompt)` (no stop token) continues the prompt
+    with the argmax of the model's own scores at every new position, checked
+    against one uncached causal pass over the generated row; returns `(ids,
+    start)`: the row's token ids and the first generated position. The task
+    is recompiled with the greedy sampler."""
+    from keras import ops
+
+    lm.compile(sampler="greedy")
+    preprocessor = lm.preprocessor
+    x = preprocessor.generate_preprocess([prompt], sequence_length=length)
+    lm.preprocessor = None  # generate on the prompt's token ids
+    try:
+        out = lm.generate(x, stop_token_ids=None)
+        ids = np.asarray(ops.convert_to_numpy(out["token_ids"]))[0]
+        log_probs = np.asarray(ops.convert_to_numpy(lm.score(ids[None])))[0]
+    finally:
+        lm.preprocessor = preprocessor
+    start = int(np.sum(ops.convert_to_numpy(x["padding_mask"])[0]))
+    assert 0 < start < length, (start, length)
+    for position in range(start, length):
+        assert ids[position] == int(np.argmax(log_probs[position - 1]))
+    return ids, start
 
 
 def pytest_addoption(parser):
@@ -55,6 +95,7 @@ BACKEND_INDEPENDENT = {
     "test_task_files.py",
     "test_task_formats.py",
     "test_compare_optimizers.py",
+    "test_run_settings.py",
     # The command line's argument handling and one smoke run per subcommand;
     # the functions behind them are tested on every backend.
     "test_cli.py",

@@ -2,7 +2,8 @@
 calibration experiment and the quantization quality tool, so none of them can
 rot (their real runs are documented in the README). Each takes one to a few
 minutes, so they are `large`: `tools/test.sh` runs them once, under JAX, after
-the per-backend suites (`pytest --run_large -m large`)."""
+the per-backend suites (`pytest --run_large -m large`). The measurement
+scripts run as modules of the `benchmarks` package (`run_module`)."""
 
 import json
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import MISTRAL_MODEL
+from tests.conftest import run_module
 from tests.conftest import run_script
 
 
@@ -18,8 +20,8 @@ from tests.conftest import run_script
 def test_benchmark_smoke(tmp_path):
     backend = keras.config.backend()
     out = tmp_path / "bench.json"
-    done = run_script(
-        "tools/benchmark.py",
+    done = run_module(
+        "benchmarks.benchmark",
         "--smoke",
         "--backends",
         backend,
@@ -40,8 +42,8 @@ def test_paper_shape_benchmark_smoke(tmp_path):
     """`--paper-shape` (tiny trunk under `--smoke`): a fresh process per
     model, the rematerialised trunk, a ratio against Standard."""
     backend = keras.config.backend()
-    run_script(
-        "tools/benchmark.py",
+    run_module(
+        "benchmarks.benchmark",
         "--paper-shape",
         "--smoke",
         "--backends",
@@ -65,8 +67,8 @@ def test_paper_shape_benchmark_smoke(tmp_path):
 @pytest.mark.parametrize("inference", ["vocabulary", "quantization", "scoring"])
 def test_inference_benchmark_smoke(tmp_path, inference):
     out = tmp_path / f"{inference}.json"
-    run_script(
-        "tools/benchmark.py",
+    run_module(
+        "benchmarks.benchmark",
         "--inference",
         inference,
         "--smoke",
@@ -123,7 +125,7 @@ def test_accelerator_check_smoke(tmp_path):
     """The accelerator run-book's command at tiny shapes on CPU: MHF and
     Standard trained and decoded, with MFU, memory and ratios written."""
     run_script(
-        "tools/accelerator_check.sh", "--smoke", "--output", str(tmp_path)
+        "benchmarks/accelerator_check.sh", "--smoke", "--output", str(tmp_path)
     )
     report = json.loads((tmp_path / "accelerator_check.json").read_text())
     assert [r["model"] for r in report["train"]] == ["standard", "h4b64"]
@@ -140,13 +142,13 @@ def test_accelerator_check_smoke(tmp_path):
 
 
 def test_head_blocking_reads_the_compiled_program(tmp_path):
-    """`tools/head_blocking.py` at a small width: the block loop's trips
+    """`benchmarks.head_blocking` at a small width: the block loop's trips
     and the head's largest matmul are read from XLA's program."""
     if keras.config.backend() != "jax":
-        pytest.skip("tools/head_blocking.py compiles with JAX")
+        pytest.skip("benchmarks.head_blocking compiles with JAX")
     out = tmp_path / "head_blocking.md"
-    run_script(
-        "tools/head_blocking.py",
+    run_module(
+        "benchmarks.head_blocking",
         "--batch",
         "1",
         "--sequence-length",
@@ -164,8 +166,8 @@ def test_head_blocking_reads_the_compiled_program(tmp_path):
 
 def test_profile_smoke():
     if keras.config.backend() != "jax":
-        pytest.skip("tools/profile_step.py uses the JAX profiler")
-    done = run_script("tools/profile_step.py", "--smoke")
+        pytest.skip("benchmarks.profile_step uses the JAX profiler")
+    done = run_module("benchmarks.profile_step", "--smoke")
     assert "## training step" in done.stdout and "## generation" in done.stdout
     # Ops are attributed to categories, and the matmuls are found.
     assert "matmul" in done.stdout and "top ops:" in done.stdout
@@ -258,8 +260,8 @@ def test_replicate_smoke(tmp_path, openstax_dir):
     )
 
     # ... and the quantization quality tool on the same preset.
-    done = run_script(
-        "tools/quantization_quality.py",
+    done = run_module(
+        "benchmarks.quantization_quality",
         "--preset",
         str(tmp_path / "rep" / "runs" / "seed0" / "mhf_h4b256" / "preset"),
         "--data",

@@ -19,11 +19,14 @@ Covers README.md and docs/*.md:
    resolves to an existing file (http(s), mailto and same-page `#anchor`
    links are not checked); an anchor into a Markdown file must name one of
    its headings (GitHub's heading ids).
-3. docs/performance.md is exactly what tools/write_performance_docs.py
-   writes from tools/results/ now.
+3. docs/performance.md is exactly what `benchmarks.write_performance_docs`
+   (`python -m benchmarks.write_performance_docs`) writes from
+   benchmarks/results/ now; imported as a module of the `benchmarks`
+   package, which the repository root on `sys.path` makes importable (pytest
+   puts it there for the `tests` package, as for `from tests.conftest
+   import ...`).
 """
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -195,16 +198,13 @@ def test_relative_links_resolve(page):
 
 
 def test_performance_page_is_generated(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "write_performance_docs", REPO / "tools" / "write_performance_docs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from benchmarks import write_performance_docs
+
     output = tmp_path / "performance.md"
-    assert module.main(["--output", str(output)]) == 0
+    assert write_performance_docs.main(["--output", str(output)]) == 0
     expected = output.read_text(encoding="utf-8")
     current = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
     assert current == expected, (
         "docs/performance.md is out of date: run "
-        "python tools/write_performance_docs.py"
+        "python -m benchmarks.write_performance_docs"
     )

@@ -227,6 +227,90 @@ def test_the_top_level_holds_only_pipeline_folders():
         "models",
         "optimizers",
         "pretraining",
+        "settings",
         "signatures",
         "utils",
     ]
+
+
+# Private names of other modules that the package may use, each for a reason
+# (`keras_mhf/utils/keras_private.py` holds every Keras and KerasHub one).
+ALLOWED_PRIVATE = {
+    ("keras_mhf.cli.common", "_load"): "the package's own lazy loader",
+    ("keras_mhf.cli.common", "_exit"): "os._exit is public",
+    ("keras_mhf.pretraining.peer_watch", "_exit"): "os._exit is public",
+    ("keras_mhf.data.prepare", "_replace"): "a namedtuple's public method",
+    ("keras_mhf.utils.torch_compile", "_dynamo"): "PyTorch's compiler",
+    ("keras_mhf.pretraining.peer_watch", "jax._src"): (
+        "JAX's distributed client: the peer watch shuts it down itself"
+    ),
+}
+
+
+def private_reaches(name, path):
+    """`(module, private name)` for each use in `path` of another object's
+    or module's private name: `x._name` where `x` is not `self`, `cls` or
+    `super()` and `_name` is not defined in the module itself, and imports
+    of `_name`, `*._private` modules, `keras.src` or `keras_hub.src`."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    own = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            own.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(
+            node.ctx, ast.Store
+        ):
+            own.add(node.attr)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            value = node.value
+            if not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+                continue
+            if isinstance(value, ast.Call) and ast.unparse(value) == "super()":
+                continue
+            if node.attr not in own:
+                found.add((name, node.attr))
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            module = node.module
+            parts = module.split(".")
+            hidden = [p for p in parts if p[:1] == "_" and p[:2] != "__"]
+            if hidden or module.startswith(("keras.src", "keras_hub.src")):
+                found.add((name, module))
+            found.update(
+                (name, a.name)
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            )
+    return found
+
+
+def test_private_names_stay_home():
+    """No module reaches into another's private names; every Keras and
+    KerasHub private name lives in `keras_mhf.utils.keras_private`."""
+    found = set()
+    for name, path in package_modules().items():
+        if name != "keras_mhf.utils.keras_private":
+            found |= private_reaches(name, path)
+    assert sorted(found - set(ALLOWED_PRIVATE)) == []
+
+
+def test_the_private_reach_finder_finds_reaches(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from keras.src.losses import loss\n"
+        "from a import _hidden\n"
+        "def f(lm, config):\n"
+        "    lm._verified = 1\n"
+        "    config._checkpoints.save()\n"
+        "    self._mine = 2\n"
+        "    layer._flatten_layers()\n"
+    )
+    assert private_reaches("m", path) == {
+        ("m", "keras.src.losses"),
+        ("m", "_hidden"),
+        ("m", "_checkpoints"),
+        ("m", "_flatten_layers"),
+    }

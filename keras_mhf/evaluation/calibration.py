@@ -13,7 +13,7 @@ log-likelihood exactly: with `beta = 1 / tau`, `NLL(beta) = mean_n
 derivative is the variance of `S` under `P_beta`), so Newton's method with a
 backtracking step converges to the optimum to machine precision in a few
 passes over the cached raw sums `S` — one forward pass per block in all.
-`calibrate` (behind `MultiHashFormerCausalLM.calibrate`) collects the raw sums
+`calibrate(lm, data)` collects the raw sums
 of held-out text and reports perplexity, top-1 accuracy and expected
 calibration error before and after.
 """
@@ -263,7 +263,8 @@ def calibrate(
     causal_lm, data, batch_size=8, sequence_length=None, max_tokens=4096
 ):
     """Fits `causal_lm.scoring_temperature` on held-out text and sets it
-    (`MultiHashFormerCausalLM.calibrate` calls this).
+    (`keras_mhf.evaluation.calibrate`; a function, not a method: calibration
+    is not the task's own job).
 
     The fit is exact (Newton's method on the convex held-out NLL as a
     function of `1 / tau`) and needs one forward pass per block: the raw
@@ -290,7 +291,7 @@ def calibrate(
     Example:
 
     ```python
-    report = lm.calibrate(["Held-out text. " * 200])
+    report = calibrate(lm, ["Held-out text. " * 200])
     report["temperature"], report["after"]["perplexity"]
     ```
     """

@@ -7,8 +7,8 @@ from keras import ops
 
 from keras_mhf.evaluation.scoring import encode_text
 from keras_mhf.evaluation.scoring import pad_batch
-from keras_mhf.evaluation.tasks import _LINE_KEYS
 from keras_mhf.evaluation.tasks import TaskFileError
+from keras_mhf.evaluation.tasks import example_records
 from keras_mhf.evaluation.tasks import read_task_file
 from keras_mhf.models.next_token_scorer import compiled_scorer
 from keras_mhf.models.next_token_scorer import predict
@@ -198,10 +198,7 @@ def rare_word_similarity(
             done[k] = record
         bar.update(len(pairs) - len(todo) + start + len(ks))
     bar.close()
-    examples = [
-        {key: v for key, v in done[k].items() if key not in _LINE_KEYS}
-        for k in range(len(pairs))
-    ]
+    examples = example_records(done, len(pairs))
     gold = [e["gold"] for e in examples]
     metrics = {"pairs": len(pairs)}
     if skipped:

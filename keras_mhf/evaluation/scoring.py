@@ -45,7 +45,7 @@ def next_token_scores(
 def reference_next_token_scores(model, token_ids, padding_mask=None):
     """`next_token_scores` through the eager `model.score()` and numpy: an
     independent path that checks the compiled scorer's numbers (and that
-    `tools/benchmark_evaluation.py` times against it)."""
+    `python -m benchmarks.benchmark_evaluation` times against it)."""
     token_ids = np.asarray(token_ids, "int32")
     if padding_mask is None:
         padding_mask = np.ones_like(token_ids)
@@ -239,7 +239,7 @@ def loglikelihoods(
         requests: list of `(context, continuation)` strings.
         batch_size: requests per batch (sorted longest first).
         reference: score with `reference_next_token_scores` (the eager
-            path; for checks and `tools/benchmark_evaluation.py`).
+            path; for checks and `benchmarks.benchmark_evaluation`).
         progress: report progress (`keras_mhf.utils.progress.Progress`;
             `None`: the `show_progress` setting).
         label, unit: the progress line's label and unit.

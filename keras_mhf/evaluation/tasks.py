@@ -287,14 +287,26 @@ def _scored_examples(
                 results.add(k, record)
             done[k] = record
     progress.close()
-    return [
-        {key: v for key, v in done[k].items() if key not in _LINE_KEYS}
-        for k in range(len(example_requests))
-    ]
+    return example_records(done, len(example_requests))
 
 
 # Keys of a results line that are not the example's own record.
-_LINE_KEYS = ("task", "file", "index")
+LINE_KEYS = ("task", "file", "index")
+
+
+def example_records(done, count):
+    """The records of examples `0..count-1` from `done` (`{index: results
+    line}`), without the keys that place a line in its file (`LINE_KEYS`).
+
+    Example:
+
+    >>> example_records({0: {"task": "piqa", "index": 0, "acc": 1.0}}, 1)
+    [{'acc': 1.0}]
+    """
+    return [
+        {key: v for key, v in done[k].items() if key not in LINE_KEYS}
+        for k in range(count)
+    ]
 
 
 def multiple_choice(

@@ -25,7 +25,7 @@ class CascadeHashDecoder(keras.layers.Layer):
     `hash_encoder.soft_embedding`, so gradients from both ends reach the same
     variables. Leading axes are flattened to one row axis before the matmuls:
     XLA then computes the tables' gradients without transposing the
-    `[rows, B]` logit gradients (profiled in `tools/profile_step.py`).
+    `[rows, B]` logit gradients (profiled by `benchmarks.profile_step`).
 
     Call arguments:
         hidden_states: float `[..., d]`.

@@ -175,6 +175,20 @@ BUCKET_LOGITS = "bucket_logits"
 HIDDEN_STATES = "hidden_states"
 
 
+def objective_shapes(hash_decoder):
+    """`(targets' signatures, bucket logits)` as `keras.KerasTensor`s
+    `[b, s, H]` and `[b, s, H, B]`: what the task's compiled loss and
+    metrics are built for before the first step
+    (`CausalLMMixin.build_default_objectives`)."""
+    hashes, buckets = hash_decoder.num_hashes, hash_decoder.num_buckets
+    return (
+        keras.KerasTensor((None, None, hashes), "int32"),
+        keras.KerasTensor(
+            (None, None, hashes, buckets), hash_decoder.compute_dtype
+        ),
+    )
+
+
 def call_output(task, training):
     """What `task.call(inputs, training=training)` returns, decided here
     only: `HIDDEN_STATES` (the final hidden states `[b, s, d]`, from which
@@ -275,6 +289,7 @@ def fused_compute_loss(task, signatures, hidden_states, sample_weight):
     """`Trainer.compute_loss` of a fused training step: the fused
     `SignatureCrossEntropy` (scaled for distribution like Keras' reduction)
     plus the model's regularization losses `task.losses`."""
+    from keras_mhf.utils.keras_private import additional_loss
     from keras_mhf.utils.keras_private import scale_loss_for_distribution
 
     loss = fused_signature_loss(
@@ -285,5 +300,5 @@ def fused_compute_loss(task, signatures, hidden_states, sample_weight):
         task.head_block_size,
     )
     losses = [scale_loss_for_distribution(loss)]
-    losses += [task._aggregate_additional_loss(x) for x in task.losses]
+    losses += [additional_loss(task, x) for x in task.losses]
     return losses[0] if len(losses) == 1 else ops.sum(losses)

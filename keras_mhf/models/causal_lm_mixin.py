@@ -10,6 +10,7 @@ import keras_hub
 from keras_mhf.models import causal_lm_inputs
 from keras_mhf.models import generation
 from keras_mhf.utils.concurrent_inference import serialized
+from keras_mhf.utils.keras_private import flatten_layers
 from keras_mhf.utils.keras_utils import in_memory_fit
 
 
@@ -160,7 +161,7 @@ class CausalLMMixin:
         attention, that is a full forward pass with the unfused head
         (MultiHashFormer's `[b, s, H, B]` logits, 2 GiB at 8,192 tokens with
         H4 B16384, kept by reference cycles until Python's collector runs)."""
-        if not all(layer.built for layer in self._flatten_layers()):
+        if not all(layer.built for layer in flatten_layers(self)):
             return  # Keras builds the model and its objectives on a batch
         for objective in (self._compile_loss, self._compile_metrics):
             if objective is not None and not objective.built:

@@ -15,6 +15,7 @@ from keras_mhf.models.causal_lm_inputs import check_texts
 from keras_mhf.models.causal_lm_inputs import is_tf_dataset
 from keras_mhf.models.causal_lm_inputs import pack_text_prompts
 from keras_mhf.models.causal_lm_inputs import size_token_id_prompts
+from keras_mhf.utils.keras_private import normalize_generate_outputs
 
 
 def _stop_token_ids(causal_lm, stop_token_ids):
@@ -218,4 +219,4 @@ def generate(
         raise ValueError("generate: the dataset yielded no prompts.")
     if preprocessor is None:
         outputs = _pad_to_common_width(outputs)
-    return causal_lm._normalize_generate_outputs(outputs, input_is_scalar)
+    return normalize_generate_outputs(causal_lm, outputs, input_is_scalar)

@@ -48,6 +48,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_backbone import (
     MultiHashFormerBackbone,
 )
 from keras_mhf.models.standard.standard_backbone import StandardBackbone
+from keras_mhf.utils.keras_private import flatten_layers
 
 
 def _backbone(lm):
@@ -65,7 +66,7 @@ def _backbone(lm):
 def _quantized_layers(backbone):
     return [
         layer.name
-        for layer in backbone._flatten_layers(include_self=True)
+        for layer in flatten_layers(backbone, include_self=True)
         if getattr(layer, "quantization_mode", None) is not None
     ]
 
@@ -83,7 +84,7 @@ def lora_layers(lm):
     backbone = getattr(lm, "backbone", lm)
     return [
         layer
-        for layer in backbone._flatten_layers(include_self=False)
+        for layer in flatten_layers(backbone, include_self=False)
         if getattr(layer, "lora_enabled", False)
     ]
 
@@ -152,7 +153,7 @@ def enable_lora(lm, rank, train_tables=False, target_layer_names=None):
     targets = target_layer_names or backbone.default_lora_layer_names()
     if not any(
         layer.name in targets and hasattr(layer, "enable_lora")
-        for layer in backbone._flatten_layers(include_self=False)
+        for layer in flatten_layers(backbone, include_self=False)
         if layer.weights
     ):  # checked first: KerasHub freezes the model before it looks
         raise ValueError(
@@ -170,7 +171,7 @@ def enable_lora(lm, rank, train_tables=False, target_layer_names=None):
             else backbone.token_embedding
         )
         layer.trainable = True  # its own variables and its sublayers'
-        for sublayer in layer._flatten_layers(include_self=False):
+        for sublayer in flatten_layers(layer, include_self=False):
             sublayer.trainable = False  # the gate and output projection
     return lm
 

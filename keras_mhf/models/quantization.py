@@ -37,6 +37,8 @@ import keras
 
 from keras_mhf.layers.hash_encoder import TABLE_QUANTIZATION_MODES
 from keras_mhf.layers.hash_encoder import check_table_quantization_config
+from keras_mhf.utils.keras_private import flatten_layers
+from keras_mhf.utils.keras_private import post_quantize
 
 STRUCTURED_MODES = ("gptq", "awq")
 
@@ -82,7 +84,7 @@ def skip_preprocessing_filter(preprocessor, filters):
     """
     skipped = set()
     if preprocessor is not None:
-        skipped = {id(layer) for layer in preprocessor._flatten_layers()}
+        skipped = {id(layer) for layer in flatten_layers(preprocessor)}
 
     def keep(layer):
         if id(layer) in skipped or not layer.weights:
@@ -191,7 +193,7 @@ def quantize_hash_tables(backbone, mode, config=None, filters=None):
     if not matches_filters(encoder, filters):
         return
     encoder.quantize(table_mode, config=table_config)
-    backbone._post_quantize(table_mode)
+    post_quantize(backbone, table_mode)
 
 
 def _block_layer_filter(structure, filters):
@@ -199,7 +201,7 @@ def _block_layer_filter(structure, filters):
     inside = {
         id(layer)
         for block in structure["sequential_blocks"]
-        for layer in block._flatten_layers()
+        for layer in flatten_layers(block)
     }
 
     def keep(layer):
@@ -252,8 +254,8 @@ def _calibration_reaches_hooks(structure):
         layers = [
             layer
             for block in structure["sequential_blocks"]
-            for layer in block._flatten_layers()
-            if len(list(layer._flatten_layers())) == 1
+            for layer in flatten_layers(block)
+            if len(list(flatten_layers(layer))) == 1
         ]
     for layer in layers:
 
@@ -359,10 +361,7 @@ def quantize_causal_lm(
     Example:
 
     ```python
-    def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        quantization.quantize_causal_lm(
-            self, super().quantize, mode, config, filters, **kwargs
-        )
+    quantize_causal_lm(lm, super(type(lm), lm).quantize, "int8")
     ```
     """
     from keras_mhf.models.next_token_scorer import forget_compiled
@@ -385,3 +384,29 @@ def quantize_causal_lm(
             loss=task.loss,
             sampler=task.sampler,
         )
+
+
+class TableQuantizationMixin:
+    """Keras' two quantization hooks for a MultiHashFormer task, mixed in
+    before KerasHub's `CausalLM`: `quantize` (`keras.Model.quantize` plus
+    the bucket tables, `quantize_causal_lm`; the model is then for
+    inference, its optimizer rebuilt) and `get_quantization_layer_structure`
+    (what GPTQ/AWQ calibrate: the encoder, then the blocks in order).
+
+    Example:
+
+    ```python
+    lm.quantize("int8")  # Dense kernels and the bucket tables
+    ```
+    """
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """`keras.Model.quantize` (`"int8"`, `"int4"`, `"gptq"`, `"awq"`)
+        plus the bucket tables; see `quantize_causal_lm`."""
+        quantize_causal_lm(
+            self, super().quantize, mode, config, filters, **kwargs
+        )
+
+    def get_quantization_layer_structure(self, mode=None):
+        """What GPTQ/AWQ calibrate: the encoder, then the blocks in order."""
+        return quantization_layer_structure(self.backbone, mode)

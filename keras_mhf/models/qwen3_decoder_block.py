@@ -24,7 +24,6 @@ process behave exactly as without `keras_mhf`):
   the same numbers), so `export(..., format="litert")` runs anywhere.
 """
 
-import functools
 import os
 import warnings
 
@@ -32,6 +31,7 @@ import keras
 
 from keras_mhf.utils.keras_private import Qwen3LayerNorm
 from keras_mhf.utils.keras_private import Qwen3TransformerDecoder
+from keras_mhf.utils.keras_private import fix_qwen3_attention
 from keras_mhf.utils.keras_utils import rematerialized
 
 # The constructor arguments of the Qwen3 trunk, in the order the backbones'
@@ -155,14 +155,7 @@ class Qwen3DecoderBlock(Qwen3TransformerDecoder):
 
     def build(self, decoder_sequence_shape):
         super().build(decoder_sequence_shape)
-        attention = self._self_attention_layer
-        attention.layer_norm_epsilon = self.layer_norm_epsilon
-        attention._query_dense_layer_norm.epsilon = self.layer_norm_epsilon
-        attention._key_dense_layer_norm.epsilon = self.layer_norm_epsilon
-        if hasattr(attention, "_masked_softmax"):
-            attention._masked_softmax = functools.partial(
-                _masked_softmax, attention
-            )
+        fix_qwen3_attention(self)
 
     def call(
         self,
@@ -224,15 +217,6 @@ def _warn_if_xla_cpu_schedules_for_concurrency():
             "nothing).",
             stacklevel=3,
         )
-
-
-def _masked_softmax(attention, attention_scores, attention_mask=None):
-    """`Qwen3Attention._masked_softmax` with the mask broadcast over heads
-    by `ops.expand_dims` (a LiteRT builtin) instead of `[:, None, :, :]`."""
-    if attention_mask is not None:
-        attention_mask = keras.ops.expand_dims(attention_mask, 1)
-        return attention._softmax(attention_scores, attention_mask)
-    return attention._softmax(attention_scores)
 
 
 def trunk_arguments(arguments):

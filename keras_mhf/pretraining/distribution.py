@@ -28,6 +28,8 @@ import keras
 import numpy as np
 
 from keras_mhf.pretraining.peer_watch import PeerWatch
+from keras_mhf.settings.run_settings import parse_mesh
+from keras_mhf.utils.keras_private import set_value_in_place
 
 KINDS = ("data", "model", "fsdp")
 
@@ -41,21 +43,6 @@ def check_backend():
             "silent no-op on TensorFlow (it would train on one device) and "
             "does not exist on PyTorch. Run with KERAS_BACKEND=jax."
         )
-
-
-def parse_mesh(mesh):
-    """`"2x4"` or `(2, 4)` -> `(2, 4)`."""
-    if isinstance(mesh, str):
-        try:
-            mesh = tuple(int(p) for p in mesh.lower().split("x"))
-        except ValueError as error:
-            raise ValueError(
-                f"--mesh must look like 2x4; got {mesh!r}."
-            ) from error
-    mesh = tuple(mesh)
-    if len(mesh) != 2 or min(mesh) < 1:
-        raise ValueError(f"The mesh must be (batch, model) sizes; got {mesh}.")
-    return mesh
 
 
 def make_distribution(kind, mesh=None, devices=None, config=None):
@@ -221,13 +208,11 @@ def whole_weights(lm):
             whole = multihost_utils.process_allgather(
                 variable.value, tiled=True
             )
-            # Private: the value itself, not `assign`, which would lay the
-            # whole value out again over the processes.
-            variable._value = jax.numpy.asarray(np.asarray(whole))
+            set_value_in_place(variable, jax.numpy.asarray(np.asarray(whole)))
         yield
     finally:
         for variable, value in zip(variables, kept):
-            variable._value = value
+            set_value_in_place(variable, value)
 
 
 def batch_axis_size(distribution):

@@ -5,7 +5,7 @@ calibrated numbers are held out from the fit.
 
 The paper's rule scores a token by the sum of the `H` heads' log-probs; the
 heads are near-copies, so the sum counts the evidence about `H` times and the
-renormalised distribution is over-sharpened. `MultiHashFormerCausalLM.calibrate`
+renormalised distribution is over-sharpened. `keras_mhf.evaluation.calibrate`
 fits one temperature `tau` (`log_softmax_V(s(w) / tau)`) that fixes most of
 it (see `keras_mhf.evaluation.calibration`). Greedy output never changes.
 
@@ -19,6 +19,7 @@ import warnings
 
 from keras_mhf.evaluation import perplexity
 from keras_mhf.evaluation.calibration import MIN_TOKENS
+from keras_mhf.evaluation.calibration import calibrate
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.utils.files import read_json
 from keras_mhf.utils.files import write_json
@@ -66,7 +67,7 @@ def validate_final_model(config, lm, data):
           rule (`tau = 1`);
         - `scoring_temperature`: the model's `tau` (`None` for Standard);
         - `calibration`: `applied`, and either the report of
-          `MultiHashFormerCausalLM.calibrate` (its metrics are those of the
+          `keras_mhf.evaluation.calibrate` (its metrics are those of the
           fit windows, in-sample) with `fit_windows`, or the `reason` it was
           not applied;
         - `validation_windows`: which windows fit and which are reported.
@@ -116,7 +117,7 @@ def validate_final_model(config, lm, data):
 
 
 def _calibrate(config, lm, fit_blocks):
-    """`{"applied": True, **report}` of `lm.calibrate` on `fit_blocks`, or
+    """`{"applied": True, **report}` of `calibrate(lm, fit_blocks)`, or
     `{"applied": False, "reason": ...}`."""
     if config.model != "mhf":
         return {
@@ -147,7 +148,8 @@ def _calibrate(config, lm, fit_blocks):
             stacklevel=3,
         )
         return {"applied": False, "reason": reason}
-    report = lm.calibrate(
+    report = calibrate(
+        lm,
         fit_blocks,
         batch_size=config.batch_size,
         max_tokens=CALIBRATION_MAX_TOKENS,

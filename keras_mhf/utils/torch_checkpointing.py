@@ -16,7 +16,7 @@ rematerialisation at all. `blockwise_sum` is a `torch.autograd.Function`
 instead: its forward pass runs every block under `no_grad`; its backward
 pass recomputes one block, adds its gradients into the variables' in place
 and frees it before the next (the same loss and gradients;
-`tools/head_memory.py` measures the peak).
+`python -m benchmarks.head_memory` measures the peak).
 """
 
 import keras

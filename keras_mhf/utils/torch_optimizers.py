@@ -11,6 +11,9 @@ element goes through the same ops in the same order: the weights are
 bit-identical.
 """
 
+from keras_mhf.utils.keras_private import parallel_update_step
+from keras_mhf.utils.keras_private import set_parallel_update_step
+
 GROUP_BYTES = 64 * 2**20
 
 
@@ -35,7 +38,7 @@ def update_in_groups(optimizer, group_bytes=GROUP_BYTES):
     (`_parallel_update_step`, e.g. Adam and AdamW) update them in groups of
     at most `group_bytes`. The instance keeps its class and config (it
     saves and loads as before, on any backend). Returns `optimizer`."""
-    update = getattr(optimizer, "_parallel_update_step", None)
+    update = parallel_update_step(optimizer)
     if update is None or getattr(update, "in_groups", False):
         return optimizer
 
@@ -44,5 +47,5 @@ def update_in_groups(optimizer, group_bytes=GROUP_BYTES):
             update(grads[start:end], variables[start:end], learning_rate)
 
     grouped.in_groups = True
-    optimizer._parallel_update_step = grouped
+    set_parallel_update_step(optimizer, grouped)
     return optimizer

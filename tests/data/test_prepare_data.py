@@ -473,12 +473,15 @@ def test_token_dtype_follows_the_vocabulary(
 
 
 def test_command_line(tmp_path, inputs, tokenizer_path):
-    tool = os.path.join(REPO, "tools", "prepare_data.py")
+    """`keras-mhf prepare` in a new process: its options, and the same
+    shards as `prepare_data`."""
+    command = [sys.executable, "-m", "keras_mhf.cli.main", "prepare"]
     shown = subprocess.run(
-        [sys.executable, tool, "--help"],
+        command + ["--help"],
         capture_output=True,
         text=True,
         check=True,
+        cwd=REPO,
     ).stdout
     for option in (
         "--tokenizer",
@@ -494,9 +497,8 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
     assert f"{prepare_module.DEFAULT_SHARD_TOKENS:,}" in shown
     out = tmp_path / "cli"
     run = subprocess.run(
-        [
-            sys.executable,
-            tool,
+        command
+        + [
             "--tokenizer",
             tokenizer_path,
             "--output",
@@ -511,6 +513,7 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
         ],
         capture_output=True,
         text=True,
+        cwd=REPO,
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "tokens/s" in run.stderr and "ETA" in run.stderr

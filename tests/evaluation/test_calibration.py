@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from keras import ops
 
+from keras_mhf.evaluation import calibrate
 from keras_mhf.evaluation import calibration
 from keras_mhf.models import MultiHashFormerCausalLM
 from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
@@ -126,7 +127,7 @@ def test_calibration_lowers_held_out_nll_and_keeps_greedy(trained_lm, corpus):
     held_out = corpus[:16]
     trained_lm.compile(sampler="greedy")
     before = trained_lm.generate(["The cell", "Water boils"], max_length=12)
-    report = trained_lm.calibrate(held_out, sequence_length=16)
+    report = calibrate(trained_lm, held_out, sequence_length=16)
     assert report["tokens"] >= 100
     assert trained_lm.scoring_temperature == report["temperature"]
     assert report["previous_temperature"] == 1.0
@@ -135,7 +136,7 @@ def test_calibration_lowers_held_out_nll_and_keeps_greedy(trained_lm, corpus):
     after = trained_lm.generate(["The cell", "Water boils"], max_length=12)
     assert after == before
     # A second fit from the calibrated model finds the same temperature.
-    again = trained_lm.calibrate(held_out, sequence_length=16)
+    again = calibrate(trained_lm, held_out, sequence_length=16)
     np.testing.assert_allclose(
         again["temperature"], report["temperature"], 1e-6
     )
@@ -191,18 +192,18 @@ def test_bad_temperatures_are_refused(tiny_lm, value):
 
 def test_bad_calibration_data_is_refused(tiny_lm, tmp_path, mistral_model_path):
     with pytest.raises(ValueError, match="at least 100"):
-        tiny_lm.calibrate(["The cell is small."], sequence_length=8)
+        calibrate(tiny_lm, ["The cell is small."], sequence_length=8)
     with pytest.raises(ValueError, match="Not enough held-out text|empty"):
-        tiny_lm.calibrate([""], sequence_length=8)
+        calibrate(tiny_lm, [""], sequence_length=8)
     with pytest.raises(ValueError, match="must be a path"):
-        tiny_lm.calibrate(12345)
+        calibrate(tiny_lm, 12345)
     with pytest.raises(FileNotFoundError):
-        tiny_lm.calibrate(str(tmp_path / "missing.txt"))
+        calibrate(tiny_lm, str(tmp_path / "missing.txt"))
     tiny_lm.preprocessor = MultiHashFormerCausalLMPreprocessor(
         MultiHashFormerTokenizer(mistral_model_path), sequence_length=16
     )
     with pytest.raises(ValueError, match="tokenizer has 32768 tokens"):
-        tiny_lm.calibrate(["The cell is the basic unit of life."] * 50)
+        calibrate(tiny_lm, ["The cell is the basic unit of life."] * 50)
     assert not os.path.exists(tmp_path / "missing.txt")
 
 

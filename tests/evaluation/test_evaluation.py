@@ -5,7 +5,7 @@ import pytest
 from keras import ops
 
 from keras_mhf import evaluation
-from tests.conftest import run_script
+from tests.conftest import run_module
 
 
 def direct_loglikelihood(model, ids, n_context):
@@ -269,8 +269,9 @@ def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus):
     card = tmp_path / "card.tsv"
     card.write_text("cell\tlife\t3.0\nwater\tsteam\t2.0\nlight\tatom\t1.0\n")
     output = tmp_path / "results.jsonl"
-    done = run_script(
-        "recipes/evaluate.py",
+    done = run_module(
+        "keras_mhf.cli.main",
+        "evaluate",
         "--preset",
         preset,
         "--perplexity",

@@ -13,6 +13,7 @@ from keras_mhf.expansion.tokenizer_expansion import (
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models import standard_causal_lm
 from tests.conftest import DATA
+from tests.conftest import assert_greedy_continuation
 from tests.conftest import run_script
 
 NEW_TEXTS = {
@@ -64,7 +65,10 @@ def test_expanded_mhf_model_uses_the_new_tokenizer(
         grown.backbone.vocabulary_size
         == tiny_lm.backbone.vocabulary_size + len(pieces)
     )
-    assert grown.generate("细胞", max_length=8)
+    # The prompt is read with the new pieces, and the grown model generates
+    # from them with its own scores.
+    ids, start = assert_greedy_continuation(grown, "细胞")
+    assert max(ids[:start]) >= tiny_lm.backbone.vocabulary_size
     # A tokenizer that lacks the model's current pieces is refused.
     with pytest.raises(ValueError, match="does not start with"):
         grown.expand_vocabulary(tokenizer=MultiHashFormerTokenizer(small_proto))

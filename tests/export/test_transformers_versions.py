@@ -4,8 +4,8 @@ are run here on the pinned one, whose classes are made to look like the
 older ones (the KV cache named `past_key_values` as the trunk's argument
 and as the output field; RoPE as `rope_theta` / `rope_scaling`); older
 releases are refused with their version. The real releases are checked by
-tools/check_transformers_versions.py (results in
-tools/results/transformers_versions.json)."""
+`python -m benchmarks.check_transformers_versions` (results in
+benchmarks/results/transformers_versions.json)."""
 
 import builtins
 import dataclasses

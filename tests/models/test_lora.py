@@ -188,6 +188,7 @@ def test_unmerged_checkpoint_restores_the_exact_state(tuned, base_preset):
 
 def test_errors(base_preset, tokenizer):
     lm = MultiHashFormerCausalLM.from_preset(base_preset[0])
+    trainable = [v.path for v in lm.trainable_weights]
     for rank in (0, -1, 1.5, True, "4"):
         with pytest.raises(ValueError, match="rank must be an integer >= 1"):
             enable_lora(lm, rank)
@@ -195,7 +196,8 @@ def test_errors(base_preset, tokenizer):
         enable_lora(lm, 2, train_tables="yes")
     with pytest.raises(ValueError, match="No layer of this model is named"):
         enable_lora(lm, 2, target_layer_names=["nothing"])
-    assert lm.trainable_weights  # nothing was changed by the refusals
+    # Nothing was changed by the refusals.
+    assert [v.path for v in lm.trainable_weights] == trainable
     enable_lora(lm, 2)
     with pytest.raises(ValueError, match="already enabled"):
         enable_lora(lm, 2)

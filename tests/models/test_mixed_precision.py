@@ -55,7 +55,9 @@ def test_mixed_bfloat16_fit_generate_score(small_tokenizer, corpus):
     half.compile(optimizer=keras.optimizers.AdamW(1e-2))
     history = half.fit(corpus, batch_size=8, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
-    assert half.generate("The cell", max_length=10)
+    # bf16: cached and uncached passes may round apart, so no argmax check.
+    text = half.generate("The cell", max_length=10)
+    assert isinstance(text, str) and text.startswith("The cell")
 
 
 @pytest.mark.parametrize("family", ["mhf", "standard"])

@@ -15,6 +15,7 @@ from keras_mhf.models import MultiHashFormerCausalLMPreprocessor
 from keras_mhf.models import MultiHashFormerTokenizer
 from keras_mhf.models.multi_hash_former import multi_hash_former_decoding
 from keras_mhf.utils.keras_utils import count_trainable_parameters
+from tests.conftest import assert_greedy_continuation
 from tests.conftest import small_proto_bytes
 
 
@@ -210,7 +211,7 @@ def test_keras_save_and_load(tiny_lm, corpus, tmp_path):
     np.testing.assert_allclose(
         to_numpy(restored(x)), to_numpy(tiny_lm(x)), atol=1e-5
     )
-    assert restored.generate("The cell", max_length=8)
+    assert_greedy_continuation(restored)
 
 
 def test_preset_round_trip(tiny_lm, corpus, tmp_path):

@@ -175,7 +175,7 @@ def test_decoding_settings(tiny_lm, tmp_path):
     # The inverted index is rebuilt from the loaded table.
     lookup = restored.backbone.signature_lookup
     table = lookup.get_signatures()
-    restored.resolved_candidate_buckets()  # refreshes the index
+    decoding.resolved_candidate_buckets(restored)  # refreshes the index
     for head in range(lookup.num_hashes):
         order = to_numpy(restored.bucket_index.bucket_tokens[head])
         np.testing.assert_array_equal(

@@ -12,6 +12,7 @@ from keras_mhf.models import standard_causal_lm
 from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     TRUNKS,
 )
+from tests.conftest import assert_greedy_continuation
 from tests.conftest import small_proto_bytes
 
 BACKBONE_KWARGS = dict(
@@ -93,7 +94,7 @@ def test_same_trunk_and_tokenizer(small_tokenizer, corpus, tmp_path):
     lm.compile(optimizer=keras.optimizers.AdamW(1e-2))
     history = lm.fit(corpus, batch_size=8, epochs=3, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0]
-    assert lm.generate("The cell", max_length=10)
+    assert_greedy_continuation(lm, length=10)
     preset = str(tmp_path / "standard")
     lm.save_to_preset(preset)
     restored = keras_hub.models.CausalLM.from_preset(preset)

@@ -5,7 +5,7 @@ import sys
 import keras
 import pytest
 
-from tests.conftest import run_script
+from tests.conftest import run_module
 
 JAX_ONLY = pytest.mark.skipif(
     keras.config.backend() != "jax",
@@ -103,8 +103,9 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path):
         KERAS_BACKEND="jax",
         XLA_FLAGS="--xla_force_host_platform_device_count=8",
     )
-    done = run_script(
-        "recipes/pretrain.py",
+    done = run_module(
+        "keras_mhf.cli.main",
+        "pretrain",
         "--data",
         data,
         "--output",
@@ -135,13 +136,10 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path):
     # A 1x8 mesh splits the model axis 8 ways, which 4 query heads do not
     # divide: the recipe fits the layout to the model (those dimensions are
     # replicated) instead of failing inside JAX when the weights are made.
-    command = list(done.args)
+    command = list(done.args[2:])  # after `python -m`
     command[command.index("--output") + 1] = str(tmp_path / "run_1x8")
     command[command.index("--mesh") + 1] = "1x8"
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, env=env
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    done = run_module(*command, env=env)
     assert '"finished": true' in done.stdout
 
 
@@ -151,9 +149,9 @@ def test_two_processes_end_with_the_single_process_weights():
     """Fully sharded over 2 processes x 4 devices: each process holds half
     of the weights, the job ends within 1e-5 of one process, a job whose
     process 1 is SIGKILLed mid-checkpoint resumes to the bit, and its
-    checkpoint resumes on one device (`tools/multiprocess_check.py`)."""
+    checkpoint resumes on one device (`benchmarks.multiprocess_check`)."""
     env = dict(os.environ, KERAS_BACKEND="jax")
-    done = run_script("tools/multiprocess_check.py", timeout=900, env=env)
+    done = run_module("benchmarks.multiprocess_check", timeout=900, env=env)
     assert "OK" in done.stdout
 
 

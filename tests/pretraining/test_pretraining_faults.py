@@ -333,7 +333,9 @@ def test_a_diverging_run_stops_keeps_its_last_finite_checkpoint_and_fails(
     done = subprocess.run(
         [
             sys.executable,
-            str(REPO / "recipes" / "pretrain.py"),
+            "-m",
+            "keras_mhf.cli.main",
+            "pretrain",
             "--data",
             corpus[0],
             "--output",

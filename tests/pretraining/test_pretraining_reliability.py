@@ -238,12 +238,12 @@ def test_a_failed_preset_write_leaves_no_temporary_directory(
 
 
 DISK_FULL_CHILD = """
-import runpy, sys
+import sys
+from keras_mhf.cli.main import main
 from keras_mhf.pretraining import checkpoints
 # A disk that fills up between the free-space check and the write.
 checkpoints.check_free_space = lambda *args, **kwargs: None
-sys.argv = ["pretrain.py"] + sys.argv[1:]
-runpy.run_path({recipe!r}, run_name="__main__")
+sys.exit(main(["pretrain"] + sys.argv[1:]))
 """
 
 
@@ -260,9 +260,7 @@ def test_a_disk_that_fills_during_a_checkpoint_write_exits_cleanly(
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
         output = mount / "run"
-        script = DISK_FULL_CHILD.format(
-            recipe=str(REPO / "recipes" / "pretrain.py")
-        )
+        script = DISK_FULL_CHILD
         settings = dict(RUN, architecture="tiny_h4b1024", steps=2)
         done = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(script)]
@@ -360,7 +358,7 @@ def test_a_file_size_limit_during_a_background_write_is_one_clear_line(
     output = tmp_path / "run"
     settings = dict(RUN, architecture="tiny_h4b1024", steps=2)
     command = " ".join(
-        [sys.executable, str(REPO / "recipes" / "pretrain.py")]
+        [sys.executable, "-m", "keras_mhf.cli.main", "pretrain"]
         + ["--data", corpus[0], "--output", str(output)]
         + ["--compilation-cache", "none"]
         + run_flags(settings)

@@ -55,7 +55,7 @@ def _check(backbone):
 def config(backbone, tokenizer=None, max_position_embeddings=32768):
     """`config.json` of the export (a dict)."""
     _check(backbone)
-    dtype = hf_exporter._float_dtype(backbone.hash_encoder.embeddings[0])
+    dtype = hf_exporter.float_dtype(backbone.hash_encoder.embeddings[0])
     content = hf_exporter.qwen3_config(backbone, max_position_embeddings, dtype)
     bos, eos = hf_exporter.special_token_ids(tokenizer)
     content.update(

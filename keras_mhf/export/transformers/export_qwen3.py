@@ -19,7 +19,7 @@ def config(backbone, tokenizer=None, max_position_embeddings=32768):
     content = hf_exporter.qwen3_config(
         backbone,
         max_position_embeddings,
-        hf_exporter._float_dtype(embeddings),
+        hf_exporter.float_dtype(embeddings),
     )
     bos, eos = hf_exporter.special_token_ids(tokenizer)
     content.update({"bos_token_id": bos, "eos_token_id": eos})

@@ -20,6 +20,7 @@ from keras_mhf.export.transformers.sentencepiece_tokenizer_files import (
 )
 from keras_mhf.utils.files import fsync_directory
 from keras_mhf.utils.files import fsync_file
+from keras_mhf.utils.keras_private import flatten_layers
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -37,7 +38,7 @@ def check_not_quantized(model):
     quantized = sorted(
         {
             layer.name
-            for layer in model._flatten_layers(include_self=True)
+            for layer in flatten_layers(model, include_self=True)
             if getattr(layer, "quantization_mode", None) is not None
         }
     )
@@ -51,7 +52,7 @@ def check_not_quantized(model):
         )
 
 
-def _float_dtype(variable):
+def float_dtype(variable):
     dtype = keras.backend.standardize_dtype(variable.dtype)
     if dtype not in ("float32", "float16", "bfloat16"):
         raise ValueError(
@@ -75,7 +76,7 @@ def variable_entry(hf_key, variable, layout):
     converted to the torch layout only when written. A layer with LoRA
     enabled gives its kernel as a tensor, the adapters merged into it
     (`kernel + (alpha / rank) A B`): that merged kernel is written."""
-    dtype = _float_dtype(variable)
+    dtype = float_dtype(variable)
 
     def produce():
         value = (
@@ -90,7 +91,7 @@ def variable_entry(hf_key, variable, layout):
 def stacked_entry(hf_key, variables):
     """One `[n * rows, cols]` entry from `n` variables `[rows, cols]` (the
     MHF bucket tables), stacked only when written."""
-    dtype = _float_dtype(variables[0])
+    dtype = float_dtype(variables[0])
     rows, cols = (int(s) for s in variables[0].shape)
 
     def produce():

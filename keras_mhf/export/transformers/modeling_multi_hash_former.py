@@ -43,7 +43,7 @@ from packaging.version import Version
 from torch import nn
 
 # The oldest transformers release this file is checked on (keras_mhf's
-# tools/check_transformers_versions.py): Qwen3 arrived in 4.51.0, whose
+# benchmarks/check_transformers_versions.py): Qwen3 arrived in 4.51.0, whose
 # `from_pretrained` fails without accelerate installed (fixed in 4.51.1).
 MIN_TRANSFORMERS = "4.51.1"
 

@@ -16,6 +16,8 @@ Keras array maps to the torch one:
 
 import numpy as np
 
+from keras_mhf.utils.keras_private import qwen3_block_sublayers
+
 HASH_MAP = "model.hash_map"
 EMBED_TOKENS = "model.embed_tokens.weight"
 LM_HEAD = "lm_head.weight"
@@ -49,70 +51,38 @@ def dense_weights(pairs):
     return entries
 
 
+# (HF weight name under model.layers.N., sublayer, its weight, conversion).
+_BLOCK_WEIGHTS = (
+    ("input_layernorm.weight", "input_layernorm", "scale", "copy"),
+    ("self_attn.q_proj.weight", "q_proj", "kernel", "einsum_in"),
+    ("self_attn.q_norm.weight", "q_norm", "scale", "copy"),
+    ("self_attn.k_proj.weight", "k_proj", "kernel", "einsum_in"),
+    ("self_attn.k_norm.weight", "k_norm", "scale", "copy"),
+    ("self_attn.v_proj.weight", "v_proj", "kernel", "einsum_in"),
+    ("self_attn.o_proj.weight", "o_proj", "kernel", "einsum_out"),
+    ("mlp.gate_proj.weight", "gate_proj", "kernel", "linear"),
+    ("mlp.up_proj.weight", "up_proj", "kernel", "linear"),
+    ("mlp.down_proj.weight", "down_proj", "kernel", "linear"),
+    (
+        "post_attention_layernorm.weight",
+        "post_attention_layernorm",
+        "scale",
+        "copy",
+    ),
+)
+
+
 def trunk_weights(backbone):
     """Entries of the Qwen3 decoder blocks and the final norm (stock HF
     Qwen3 names, as `keras_hub`'s `convert_qwen3` reads them)."""
     entries = []
     for i in range(backbone.num_layers):
         block = backbone.get_layer(f"transformer_layer_{i}")
-        attention = block._self_attention_layer
+        layers = qwen3_block_sublayers(block)
         p = f"model.layers.{i}."
         entries += [
-            (
-                p + "input_layernorm.weight",
-                block._self_attention_layernorm.scale,
-                "copy",
-            ),
-            (
-                p + "self_attn.q_proj.weight",
-                attention._query_dense.kernel,
-                "einsum_in",
-            ),
-            (
-                p + "self_attn.q_norm.weight",
-                attention._query_dense_layer_norm.scale,
-                "copy",
-            ),
-            (
-                p + "self_attn.k_proj.weight",
-                attention._key_dense.kernel,
-                "einsum_in",
-            ),
-            (
-                p + "self_attn.k_norm.weight",
-                attention._key_dense_layer_norm.scale,
-                "copy",
-            ),
-            (
-                p + "self_attn.v_proj.weight",
-                attention._value_dense.kernel,
-                "einsum_in",
-            ),
-            (
-                p + "self_attn.o_proj.weight",
-                attention._output_dense.kernel,
-                "einsum_out",
-            ),
-            (
-                p + "mlp.gate_proj.weight",
-                block._feedforward_gate_dense.kernel,
-                "linear",
-            ),
-            (
-                p + "mlp.up_proj.weight",
-                block._feedforward_intermediate_dense.kernel,
-                "linear",
-            ),
-            (
-                p + "mlp.down_proj.weight",
-                block._feedforward_output_dense.kernel,
-                "linear",
-            ),
-            (
-                p + "post_attention_layernorm.weight",
-                block._feedforward_layernorm.scale,
-                "copy",
-            ),
+            (p + name, getattr(layers[key], attribute), conversion)
+            for name, key, attribute, conversion in _BLOCK_WEIGHTS
         ]
     entries.append(
         (

@@ -9,7 +9,6 @@ from keras_hub.models import CausalLM
 
 from keras_mhf.losses import fused_signature_loss as fused_loss
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
-from keras_mhf.models import quantization
 from keras_mhf.models.causal_lm_inputs import check_score_arguments
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
@@ -33,13 +32,14 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
 from keras_mhf.models.next_token_scorer import target_losses
 from keras_mhf.models.preset_consistency import check_preset_consistency
 from keras_mhf.models.preset_consistency import task_settings_given
+from keras_mhf.models.quantization import TableQuantizationMixin
 from keras_mhf.optimizers import task_default_optimizer
 from keras_mhf.utils import keras_utils
 from keras_mhf.utils.concurrent_inference import serialized
 
 
 @keras.saving.register_keras_serializable(package="keras_mhf")
-class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
+class MultiHashFormerCausalLM(TableQuantizationMixin, CausalLMMixin, CausalLM):
     """MultiHashFormer causal language model (KerasHub `CausalLM`).
 
     The functional output is the cascade's bucket logits `[b, s, H, B]`
@@ -53,7 +53,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         backbone: a `MultiHashFormerBackbone`.
         preprocessor: a `MultiHashFormerCausalLMPreprocessor` or `None`.
         scoring_temperature: `tau > 0` of `log_softmax_V(s(w) / tau)`; 1.0
-            is the paper's rule, `calibrate` fits it.
+            is the paper's rule; `keras_mhf.evaluation.calibrate` fits it.
         decoding: `"candidates"` (default: the certified search of the
             heads' top buckets, with `candidate_buckets=None` only above
             `CANDIDATE_MIN_VOCABULARY` tokens) or `"full"` (the scan): how
@@ -64,9 +64,8 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             `None` chooses it for the device (`automatic_block_size`:
             about 2^24 logits per block on a CPU, more on an
             accelerator), 0 trains unchunked (the reference), an int > 0
-            fixes it. With the fused
-            head, `call(..., training=True)` returns the hidden states (see
-            `call_output`).
+            fixes it. With the fused head, `call(..., training=True)`
+            returns the hidden states (see `call_output`).
         **kwargs: standard `keras_hub.models.CausalLM` arguments.
 
     Attributes:
@@ -83,6 +82,10 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
             `compute_metrics` (a
             `keras_mhf.losses.fused_signature_loss.StepSignatures`: Keras'
             train and test steps pass nothing else between the two).
+        verified_tokenizer: the `tokenization_fingerprint` of the last
+            tokenizer `check_tokenizer` passed (`None`: none yet).
+        decoding_statistics: generation steps, and how many of them fell
+            back to the full scan (`DecodingStatistics`).
 
     Example:
 
@@ -136,9 +139,7 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         self.bucket_index = bucket_index.BucketIndex.for_lookup(
             backbone.signature_lookup, name="bucket_index"
         )
-        # tokenization_fingerprint of the last tokenizer that passed.
-        self._verified_tokenizer = None
-        # Generation steps and how many of them fell back to the full scan.
+        self.verified_tokenizer = None
         self.decoding_statistics = generation.DecodingStatistics()
 
         # === Training step state (see the class docstring) ===
@@ -163,10 +164,6 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         # Compiled scorers take the temperature as an input; only
         # generation holds it.
         self.generate_function = None
-
-    def resolved_candidate_buckets(self):
-        """`K`, the buckets per head searched by `decoding="candidates"`."""
-        return generation.resolved_candidate_buckets(self)
 
     def has_task_weights(self):
         """Whether weights outside the backbone need saving (the derived
@@ -211,10 +208,8 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
                 cls, preset, load_weights=load_weights, **kwargs
             )
         kwargs = keras_utils.keep_saved_precision(preset, kwargs)
-        given = contextlib.nullcontext()
-        if "scoring_temperature" in kwargs:  # the task's setting, chosen
-            given = task_settings_given()
-        with given:
+        chosen = "scoring_temperature" in kwargs  # the task's setting
+        with task_settings_given() if chosen else contextlib.nullcontext():
             check_preset_consistency(preset)  # before building anything
             model = super().from_preset(
                 preset, load_weights=load_weights, **kwargs
@@ -249,30 +244,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         )
         keras_utils.memory_lean(self.optimizer)
         fused_loss.uses_fused_head(self)  # refuses what it cannot fuse
-        if loss == "auto" and weighted_metrics == "auto":
-            if "metrics" not in kwargs:
-                decoder = self.hash_decoder
-                self.build_default_objectives(
-                    keras.KerasTensor(
-                        (None, None, decoder.num_hashes), "int32"
-                    ),
-                    keras.KerasTensor(
-                        (None, None, decoder.num_hashes, decoder.num_buckets),
-                        decoder.compute_dtype,
-                    ),
-                )
-
-    def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        """`keras.Model.quantize` (`"int8"`, `"int4"`, `"gptq"`, `"awq"`)
-        plus the bucket tables; the model is then for inference (its
-        optimizer is rebuilt). See `keras_mhf.models.quantization`."""
-        quantization.quantize_causal_lm(
-            self, super().quantize, mode, config, filters, **kwargs
-        )
-
-    def get_quantization_layer_structure(self, mode=None):
-        """What GPTQ/AWQ calibrate: the encoder, then the blocks in order."""
-        return quantization.quantization_layer_structure(self.backbone, mode)
+        defaults = (loss, weighted_metrics, kwargs.get("metrics", "auto"))
+        if defaults == ("auto",) * 3:
+            self.build_default_objectives(
+                *fused_loss.objective_shapes(self.hash_decoder)
+            )
 
     def call(self, inputs, training=None, mask=None):
         """The bucket logits, or, in a training call with the fused head
@@ -322,22 +298,11 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         self, hidden_states, targets, with_argmax=True, temperature=None
     ):
         """`(log p(target), top log-prob, argmax id)` per position, never
-        forming `[..., V]`, at `temperature` (a scalar tensor lets a
-        compiled scorer serve every temperature; default: the model's
-        `scoring_temperature`)."""
-        if temperature is None:
-            temperature = self.scoring_temperature
-        decoder = self.hash_decoder
-        states = ops.reshape(hidden_states, (-1, decoder.hidden_dim))
-        target, best, best_id = inference.logit_statistics(
-            decoder.head_logits(states),
-            self.backbone.signature_lookup.signatures,
-            ops.reshape(targets, (-1,)),
-            temperature,
-            with_argmax=with_argmax,
+        forming `[..., V]`, at `temperature` (default: the model's
+        `scoring_temperature`); see `inference.next_token_statistics`."""
+        return inference.next_token_statistics(
+            self, hidden_states, targets, with_argmax, temperature
         )
-        shape = ops.shape(targets)
-        return tuple(ops.reshape(x, shape) for x in (target, best, best_id))
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """KerasHub's cached forward pass: `(token_log_probs [b, s, V],
@@ -409,16 +374,6 @@ class MultiHashFormerCausalLM(CausalLMMixin, CausalLM):
         return -target_log_probs
 
     # --- Delegates ------------------------------------------------------------
-
-    def calibrate(
-        self, data, batch_size=8, sequence_length=None, max_tokens=4096
-    ):
-        """Fits and sets `scoring_temperature` on held-out `data` (prepared
-        data, text files, documents or token blocks); returns the report
-        (`keras_mhf.evaluation.calibration.calibrate`)."""
-        from keras_mhf.evaluation.calibration import calibrate
-
-        return calibrate(self, data, batch_size, sequence_length, max_tokens)
 
     def check_tokenizer(self, force=False):
         """Raises a clear error if the attached tokenizer does not match the

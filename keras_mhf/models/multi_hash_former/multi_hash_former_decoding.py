@@ -37,8 +37,8 @@ from keras_mhf.utils.token_ids import check_token_ids
 # Candidates aimed at per row when K is chosen automatically.
 CANDIDATE_BUDGET = 4096
 # With K chosen automatically, vocabularies up to this size are scanned
-# whole (the search is faster only above it; tools/benchmark.py --inference
-# vocabulary measures the crossover). Both give the same tokens.
+# whole (the search is faster only above it; `python -m benchmarks.benchmark
+# --inference vocabulary` measures the crossover). Both give the same tokens.
 CANDIDATE_MIN_VOCABULARY = 2**18
 MIN_CANDIDATE_BUCKETS, MAX_CANDIDATE_BUCKETS = 4, 64
 DECODINGS = ("candidates", "full")

@@ -18,7 +18,7 @@ from keras import ops
 from keras_mhf.utils.keras_utils import dense_layout
 
 # Scores held at a time by the vocabulary scan (4 MB of float32;
-# `tools/benchmark.py --inference scoring` measures it).
+# `python -m benchmarks.benchmark --inference scoring` measures it).
 SCAN_SCORES = 1 << 20
 # On PyTorch, scans of at least this many chunks run each chunk compiled
 # (`keras_mhf.utils.torch_compile`); shorter ones stay eager, where a first
@@ -137,6 +137,36 @@ def logit_statistics(
     return _scan(
         head_logits, True, signatures, targets, temperature, with_argmax
     )
+
+
+def next_token_statistics(
+    causal_lm, hidden_states, targets, with_argmax=True, temperature=None
+):
+    """`(log p(target), top log-prob, argmax id)` per position of a
+    `MultiHashFormerCausalLM`'s `hidden_states` `[..., d]` and `targets`
+    `[...]`, never forming `[..., V]` (`logit_statistics`), at
+    `temperature` (a scalar tensor lets a compiled scorer serve every
+    temperature; default: the model's `scoring_temperature`).
+
+    Example:
+
+    ```python
+    target, best, best_id = next_token_statistics(lm, hidden, targets)
+    ```
+    """
+    if temperature is None:
+        temperature = causal_lm.scoring_temperature
+    decoder = causal_lm.hash_decoder
+    states = ops.reshape(hidden_states, (-1, decoder.hidden_dim))
+    target, best, best_id = logit_statistics(
+        decoder.head_logits(states),
+        causal_lm.backbone.signature_lookup.signatures,
+        ops.reshape(targets, (-1,)),
+        temperature,
+        with_argmax=with_argmax,
+    )
+    shape = ops.shape(targets)
+    return tuple(ops.reshape(x, shape) for x in (target, best, best_id))
 
 
 def _scan(heads, normalise, signatures, targets, temperature, with_argmax):

@@ -113,7 +113,7 @@ def causal_lm_from_tokenizer(
         tokenizer, sequence_length=sequence_length
     )
     # The table was just hashed from this tokenizer's vocabulary.
-    model._verified_tokenizer = fingerprint
+    model.verified_tokenizer = fingerprint
     return model
 
 
@@ -124,11 +124,11 @@ def check_task_tokenizer(lm, force=False):
         return
     fingerprint = tokenization_fingerprint(tokenizer)
     if fingerprint is None or (
-        fingerprint == lm._verified_tokenizer and not force
+        fingerprint == lm.verified_tokenizer and not force
     ):
         return
     check_tokenizer(lm.backbone, tokenizer)
-    lm._verified_tokenizer = fingerprint
+    lm.verified_tokenizer = fingerprint
 
 
 # What a SentencePiece model's encoder and decoder read, besides its pieces.
