@@ -1,4 +1,5 @@
 import functools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,6 +103,7 @@ BACKEND_INDEPENDENT = {
     "test_quickstart.py",
     "test_peer_watch.py",
     "test_docs_commands.py",
+    "test_docs_commands_standalone.py",
 }
 
 # Tests whose work runs in processes that choose their own backend (a
@@ -111,9 +113,6 @@ BACKEND_INDEPENDENT = {
 ONCE_PER_SUITE = {
     "test_pretraining_reliability.py::"
     "test_a_file_size_limit_during_a_background_write_is_one_clear_line",
-    "test_export.py::test_ids_only_exports_load_with_tensorflow_alone",
-    "test_quantization.py::test_quantized_savedmodel_export",
-    "test_calibration.py::test_temperature_survives_savedmodel_export",
     "test_lm_eval_adapter.py::test_lm_eval_agrees_with_us_on_the_ten_tasks",
     "test_vocabulary_expansion.py::test_recipe_on_shared_data",
     "test_evaluation.py::test_evaluate_recipe_end_to_end",
@@ -124,12 +123,38 @@ ONCE_PER_SUITE = {
     # The README's and docs' examples use the public API, which the rest of
     # the suite checks on every backend.
     "test_docs.py::test_python_examples_run",
+    # What a checkpoint's files hold and which one a run resumes from is
+    # decided by files and Orbax, whatever the backend (every backend's
+    # resume is checked bit for bit in test_pretraining.py, and its
+    # non-finite checks and 0.1 checkpoints in test_pretraining_faults.py).
+    "test_pretraining_faults.py::"
+    "test_a_run_killed_at_every_point_of_a_checkpoint_write_resumes_exactly",
+    "test_pretraining_faults.py::"
+    "test_damaged_newer_checkpoints_fall_back_to_the_last_good_one",
+    "test_pretraining_faults.py::"
+    "test_an_edited_state_json_makes_its_checkpoint_unusable",
+    "test_pretraining_faults.py::"
+    "test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start",
+}
+
+# SavedModel tests whose point is the SavedModel (what a process with only
+# TensorFlow loads and serves): they run once, in the TensorFlow pass, which
+# exports in its own process; JAX and PyTorch export through a TensorFlow
+# subprocess, which test_export.py's text-endpoints test checks on every
+# backend.
+ONCE_UNDER_TENSORFLOW = {
+    "test_export.py::test_ids_only_exports_load_with_tensorflow_alone",
+    "test_quantization.py::test_quantized_savedmodel_export",
 }
 
 
 def _runs_once(item):
     name = f"{item.path.name}::{item.originalname}"
     return item.path.name in BACKEND_INDEPENDENT or name in ONCE_PER_SUITE
+
+
+def _runs_under_tensorflow_only(item):
+    return f"{item.path.name}::{item.originalname}" in ONCE_UNDER_TENSORFLOW
 
 
 def _tensorflow_session_helper(item):
@@ -153,12 +178,20 @@ def pytest_collection_modifyitems(config, items):
     if helpers:
         config.hook.pytest_deselected(items=helpers)
         items[:] = [item for item in items if item not in helpers]
-    if keras.config.backend() != "jax":
+    if keras.config.backend() != os.environ.get("MHF_ONCE_BACKEND", "jax"):
         once = pytest.mark.skip(
             reason="backend-independent: runs once, under KERAS_BACKEND=jax"
         )
         for item in items:
             if _runs_once(item):
+                item.add_marker(once)
+    if keras.config.backend() != "tensorflow":
+        once = pytest.mark.skip(
+            reason="a SavedModel's own test: runs once, under "
+            "KERAS_BACKEND=tensorflow"
+        )
+        for item in items:
+            if _runs_under_tensorflow_only(item):
                 item.add_marker(once)
     if config.getoption("--run_large"):
         return

@@ -2,9 +2,12 @@
 written, from a scratch directory, as a user types it.
 
 The commands run in page order (the README's, then the command-line
-page's), in one directory, through `bash -c` (so quoting, globs and
-relative paths are the shell's), each in a fresh process that must exit 0;
-later commands use what earlier ones wrote (`runs/mhf/preset`). The
+page's), through `bash -c` (so quoting, globs and relative paths are the
+shell's), each in a fresh process that must exit 0; later commands use what
+earlier ones wrote (`runs/mhf/preset`). Those that use the README's run
+(`runs/mhf`) run here, in one directory; the others, which stand alone, in
+test_docs_commands_standalone.py (a module of its own, so that the two run
+in parallel). The
 directory holds small files under the pages' placeholder names
 (`my_corpus.jsonl`, `tokenizer.model`, `piqa.jsonl`, ...), made from
 English text that ships with Python. A ```bash block opts out only with
@@ -108,22 +111,33 @@ def test_pages_have_commands():
     assert set(COMMANDS) <= names, set(COMMANDS) - names
 
 
-@pytest.mark.large
-def test_documented_commands_run_as_written(tmp_path):
-    write_placeholders(tmp_path)
+def uses_the_pretrained_run(command):
+    """Whether a command reads or writes the run the README pretrains
+    (`runs/mhf`: its preset, tokenizer, checkpoints); the others stand
+    alone and run in a module of their own, beside these."""
+    return "runs/mhf" in command or "expanded.model" in command
+
+
+def run_documented_commands(folder, chosen):
+    """Runs the pages' runnable commands for which `chosen(command)`, in
+    page order, in `folder` (with `write_placeholders`' files), each through
+    `bash -c` in a fresh process, as a user types it: each must exit 0
+    without TensorFlow's start-up lines."""
+    write_placeholders(folder)
     env = dict(os.environ, KERAS_BACKEND="jax")
     env["PATH"] = os.pathsep.join(
         [os.path.dirname(sys.executable), env.get("PATH", "")]
     )
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    ran = 0
     for page in PAGES:
-        for command in documented_commands(page):
+        for command in filter(chosen, documented_commands(page)):
             if "expanded.model" in command:
-                write_expanded_tokenizer(tmp_path)
+                write_expanded_tokenizer(folder)
             started = time.monotonic()
             done = subprocess.run(
                 ["bash", "-c", command],
-                cwd=tmp_path,
+                cwd=folder,
                 env=env,
                 capture_output=True,
                 text=True,
@@ -135,3 +149,13 @@ def test_documented_commands_run_as_written(tmp_path):
             # No TensorFlow start-up lines from any command.
             assert "absl::InitializeLog" not in done.stderr, where
             assert "cuda" not in done.stderr.lower(), where
+            ran += 1
+    return ran
+
+
+@pytest.mark.large
+def test_documented_commands_of_the_pretrained_run(tmp_path):
+    """The README's `pretrain` and every command that uses its run
+    (`runs/mhf`), in page order; the others run in
+    test_docs_commands_standalone.py, in parallel with these."""
+    assert run_documented_commands(tmp_path, uses_the_pretrained_run) >= 10

@@ -5,7 +5,6 @@ import argparse
 import os
 import sys
 
-from keras_mhf.settings.run_settings import preset_problem
 from keras_mhf.settings.run_settings import settings_of
 from keras_mhf.settings.setting import PATHS
 from keras_mhf.settings.settings_file import SettingsFileError
@@ -49,16 +48,6 @@ def parser_from_doc(doc, prog=None):
         epilog=parts[2] if len(parts) > 2 else None,
         formatter_class=HelpFormatter,
     )
-
-
-def preset_directory(path):
-    """`--preset`'s type: a directory holding `config.json` (a KerasHub
-    preset, e.g. `runs/mhf/preset`, or a Hugging Face export); anything
-    else is a usage error (exit status 2) that says what is expected."""
-    problem = preset_problem(path)
-    if problem:
-        raise argparse.ArgumentTypeError(problem)
-    return path
 
 
 def refuse_existing_output(parser, args):

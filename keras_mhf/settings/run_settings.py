@@ -17,6 +17,7 @@ Example:
 (100, 300)
 """
 
+import argparse
 import math
 import os
 
@@ -297,6 +298,15 @@ def preset_problem(path):
     )
 
 
+def preset_directory(path):
+    """`--preset`'s `argparse` type: a directory holding `config.json`;
+    anything else is a usage error that says what is expected."""
+    problem = preset_problem(path)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return path
+
+
 PRETRAIN = ("pretrain",)
 FINETUNE = ("finetune",)
 DATA = "data and model"
@@ -337,6 +347,7 @@ RUN_SETTINGS = (
         commands=FINETUNE,
         flag="--preset",
         rule=_preset,
+        parse=preset_directory,
         required=True,
         recorded="fingerprint",
         group=DATA,

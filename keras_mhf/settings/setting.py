@@ -60,6 +60,9 @@ class Setting:
             only for older callers are not).
         run_config: whether it is a field of `RunConfig` (the multi-host
             launch settings are the command line's alone).
+        parse: the flag's `argparse` type, for a check that needs no Keras
+            and is better made before the package loads (a usage error,
+            exit status 2); the rule checks values from files and the API.
     """
 
     name: str
@@ -79,6 +82,7 @@ class Setting:
     none_spelling: object = None
     written: bool = True
     run_config: bool = True
+    parse: object = None
 
     def __post_init__(self):
         if self.flag is None:
@@ -153,6 +157,8 @@ class Setting:
                 options["nargs"] = "+"
             elif self.type in (int, float):
                 options["type"] = self.type
+            if self.parse is not None:
+                options["type"] = self.parse
             if self.choices is not None:  # `None`: the flag left out
                 options["choices"] = [c for c in self.choices if c is not None]
             else:

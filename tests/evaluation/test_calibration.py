@@ -160,22 +160,6 @@ def test_temperature_survives_keras_and_preset_round_trips(tiny_lm, tmp_path):
         )
 
 
-def test_temperature_survives_savedmodel_export(tiny_lm, tmp_path):
-    import tensorflow as tf
-
-    tiny_lm.scoring_temperature = 0.5
-    ids = np.array([[1, 5, 6, 7]], "int32")
-    expected = log_softmax(to_numpy(tiny_lm.score(ids)))[:, -1]
-    saved = tiny_lm.export(
-        str(tmp_path / "saved"), include_text_endpoints=False
-    )
-    reloaded = tf.saved_model.load(saved)
-    served = reloaded.serve(
-        token_ids=tf.constant(ids), padding_mask=tf.ones_like(ids)
-    )["log_probs"].numpy()
-    np.testing.assert_allclose(served, expected, atol=1e-5)
-
-
 @pytest.mark.parametrize(
     "value", [0.0, -1.0, float("nan"), float("inf"), "hot"]
 )

@@ -7,13 +7,20 @@ from keras import ops
 from keras_mhf import evaluation
 from tests.conftest import run_module
 
+# The width every direct computation is scored at, right-padded (causal:
+# the real positions' scores do not depend on it): one compiled shape.
+DIRECT_WIDTH = 24
+
 
 def direct_loglikelihood(model, ids, n_context):
     """Independent path: score the whole sequence once, sum the target
     tokens."""
-    scores = np.asarray(
-        ops.convert_to_numpy(model.score(np.array([ids], "int32")))
-    )[0]
+    assert len(ids) <= DIRECT_WIDTH
+    padded = np.zeros((1, DIRECT_WIDTH), "int32")
+    padded[0, : len(ids)] = ids
+    scores = np.asarray(ops.convert_to_numpy(model.score(padded, padded > 0)))[
+        0, : len(ids)
+    ]
     lp = evaluation.scoring._log_softmax(scores)
     positions = np.arange(n_context - 1, len(ids) - 1)
     return lp[positions, np.array(ids[n_context:])].sum(), bool(

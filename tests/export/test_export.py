@@ -147,23 +147,58 @@ def check_id_endpoints(model, saved, vocabulary_size, tmp_path):
         np.testing.assert_array_equal(out[f"gen_{name}"], gen)
 
 
-def test_mhf_export_text_and_id_endpoints(tiny_lm, corpus, tmp_path):
-    """One export: the compile state is left alone, the id endpoints match
-    the Keras model, and the string endpoints (SentencePiece in the graph)
-    match `generate` and `score` in a process with only TensorFlow and
-    tensorflow_text."""
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, small_proto, corpus):
+    """The module's one export, read by its tests: `(model, path, state)`.
+    A tiny MultiHashFormer with a scoring temperature (0.5, not the paper's
+    1.0: the endpoints must serve it), compiled with AdamW and a top-p
+    sampler and fitted one epoch, is exported with its text endpoints over
+    an existing directory: without `overwrite=True` the export is refused
+    and the directory kept; with it, the directory is replaced. `state`
+    holds the compile state and optimizer variables before the export."""
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models import MultiHashFormerTokenizer
+
+    keras.utils.set_random_seed(0)
+    model = MultiHashFormerCausalLM.from_tokenizer(
+        MultiHashFormerTokenizer(small_proto),
+        "tiny_h3b64",
+        sequence_length=16,
+        scoring_temperature=0.5,
+    )
     optimizer = keras.optimizers.AdamW(1e-3)
     sampler = keras_hub.samplers.TopPSampler(p=0.9)
-    tiny_lm.compile(optimizer=optimizer, sampler=sampler)
-    tiny_lm.fit(corpus[:4], batch_size=2, epochs=1, verbose=0)
-    loss = tiny_lm.loss
-    before = [np.array(ops.convert_to_numpy(v)) for v in optimizer.variables]
-    saved = str(tmp_path / "saved")
-    tiny_lm.export(saved)
+    model.compile(optimizer=optimizer, sampler=sampler)
+    model.fit(corpus[:4], batch_size=2, epochs=1, verbose=0)
+    state = dict(
+        optimizer=optimizer,
+        sampler=sampler,
+        loss=model.loss,
+        variables=[
+            np.array(ops.convert_to_numpy(v)) for v in optimizer.variables
+        ],
+    )
+    target = tmp_path_factory.mktemp("export") / "saved"
+    target.mkdir()
+    (target / "old_file.txt").write_text("old")
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        model.export(str(target))
+    assert (target / "old_file.txt").exists()
+    saved = model.export(str(target), overwrite=True)
+    assert not (target / "old_file.txt").exists()
+    return model, saved, state
 
+
+def test_mhf_export_text_endpoints(exported, tmp_path):
+    """The compile state is left alone by the export, and the string
+    endpoints (SentencePiece in the graph) match `generate` and `score` in
+    a process with only TensorFlow and tensorflow_text."""
+    tiny_lm, saved, state = exported
     # Exporting does not recompile: optimizer state, loss, sampler unchanged.
-    assert tiny_lm.optimizer is optimizer and tiny_lm.loss is loss
-    assert tiny_lm.sampler is sampler
+    optimizer = state["optimizer"]
+    assert tiny_lm.optimizer is optimizer and tiny_lm.loss is state["loss"]
+    assert tiny_lm.sampler is state["sampler"]
+    before = state["variables"]
     after = [np.array(ops.convert_to_numpy(v)) for v in optimizer.variables]
     assert len(before) == len(after) and int(before[0]) > 0  # iterations
     for a, b in zip(before, after):
@@ -179,7 +214,8 @@ def test_mhf_export_text_and_id_endpoints(tiny_lm, corpus, tmp_path):
     # Empty string batches: a clear error, not a failing slice.
     assert "texts is empty" in out["empty"]["score_text"], out["empty"]
     assert "prompts is empty" in out["empty"]["generate_text"], out["empty"]
-    tiny_lm.compile(sampler="greedy")
+    sampler = tiny_lm.sampler
+    tiny_lm.compile(optimizer=optimizer, sampler="greedy")
     for i, prompt in enumerate(prompts):
         ids = [tokenizer.start_token_id] + [
             int(t) for t in to_numpy(tokenizer(prompt)).astype(int)
@@ -193,14 +229,15 @@ def test_mhf_export_text_and_id_endpoints(tiny_lm, corpus, tmp_path):
         np.testing.assert_allclose(
             out["log_likelihood"][i], expected_ll, atol=1e-4
         )
+    tiny_lm.compile(optimizer=optimizer, sampler=sampler)
 
 
 def test_ids_only_exports_load_with_tensorflow_alone(
-    tiny_lm, small_tokenizer, tmp_path
+    exported, small_tokenizer, tmp_path
 ):
     keras.utils.set_random_seed(1)
     standard = standard_causal_lm(small_tokenizer, "tiny", sequence_length=16)
-    for name, model in (("mhf", tiny_lm), ("standard", standard)):
+    for name, model in (("mhf", exported[0]), ("standard", standard)):
         saved = export_causal_lm(
             model, str(tmp_path / name), include_text_endpoints=False
         )
@@ -209,20 +246,11 @@ def test_ids_only_exports_load_with_tensorflow_alone(
         )
 
 
-def test_overwrite_and_bad_inputs_refused_in_the_graph(tiny_lm, tmp_path):
+def test_bad_inputs_are_refused_in_the_graph(exported):
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401 (the text endpoints' ops)
 
-    target = tmp_path / "saved"
-    target.mkdir()
-    (target / "old_file.txt").write_text("old")
-    with pytest.raises(FileExistsError, match="overwrite=True"):
-        tiny_lm.export(str(target))
-    assert (target / "old_file.txt").exists()
-    saved = tiny_lm.export(
-        str(target), overwrite=True, include_text_endpoints=False
-    )
-    assert not (target / "old_file.txt").exists()
-
+    tiny_lm, saved, _ = exported
     model = tf.saved_model.load(saved)
     vocabulary_size = tiny_lm.backbone.vocabulary_size
     ids = np.array([[1, 5, 6, 0]], "int32")

@@ -13,7 +13,9 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_layout import (
 
 FITTED = r"""
 import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 import warnings
 import numpy as np, keras
 from keras_mhf.pretraining.distribution import make_distribution

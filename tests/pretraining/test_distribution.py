@@ -14,7 +14,9 @@ JAX_ONLY = pytest.mark.skipif(
 
 MULTI_DEVICE = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
 import numpy as np, keras, jax
 from keras_mhf.pretraining.distribution import make_distribution, check_batch_size
 from keras_mhf.models import MultiHashFormerCausalLM
@@ -101,7 +103,8 @@ def test_pretrain_recipe_with_model_parallelism(tmp_path):
     env = dict(
         os.environ,
         KERAS_BACKEND="jax",
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        XLA_FLAGS=os.environ.get("XLA_FLAGS", "")
+        + " --xla_force_host_platform_device_count=8",
     )
     done = run_module(
         "keras_mhf.cli.main",

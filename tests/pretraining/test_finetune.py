@@ -153,7 +153,7 @@ def test_bad_presets_and_ranks_are_refused(setup, tmp_path, capsys):
     output = tmp_path / "out"
     with pytest.raises(RunConfigError, match="--lora-rank must be an integer"):
         finetune(preset, documents, str(output), lora_rank=-1)
-    with pytest.raises(RunConfigError, match="not a KerasHub preset"):
+    with pytest.raises(RunConfigError, match="has no config.json"):
         finetune(str(tmp_path), documents, str(output))
     other = tmp_path / "other"
     other.mkdir()

@@ -362,7 +362,7 @@ def test_invalid_settings_are_refused_before_anything_is_written(
 
 def test_every_problem_is_reported_at_once():
     config = RunConfig(data="d", output_dir="o", steps=0, batch_size=0)
-    with pytest.raises(RunConfigError, match="--steps.*; --batch-size"):
+    with pytest.raises(RunConfigError, match="--batch-size.*; --steps"):
         config.validate()
 
 
