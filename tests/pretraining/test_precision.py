@@ -99,7 +99,10 @@ def test_an_unknown_precision_is_refused(corpus, tmp_path):
     """Refused before anything is written: an unknown precision, and Keras'
     AdamW on bf16 weights (it would never change them)."""
     prepared, tokenizer = corpus
-    with pytest.raises(RunConfigError, match="--precision must be 'float32', 'mixed_bfloat16' or"):
+    with pytest.raises(
+        RunConfigError,
+        match="--precision must be 'float32', 'mixed_bfloat16' or",
+    ):
         pretrain(prepared, str(tmp_path), tokenizer=tokenizer, precision="fp8")
     with pytest.raises(RunConfigError, match="'keras_adamw' cannot train"):
         pretrain(
