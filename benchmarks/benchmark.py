@@ -112,7 +112,9 @@ def parse_args(argv=None):
     )
     p.add_argument("--inference-worker", nargs=3, help=argparse.SUPPRESS)
     p.add_argument(
-        "--smoke", action="store_true", help="tiny sizes: checks the tool runs"
+        "--smoke",
+        action="store_true",
+        help="tiny sizes, the workers in this process: checks the tool runs",
     )
     p.add_argument(
         "--compare",
@@ -258,11 +260,37 @@ def _options(args, *names):
     return options
 
 
+# `--smoke` runs the workers in this process (`_worker`): its numbers mean
+# nothing, and a new process per worker would be most of its time.
+IN_PROCESS = False
+
+
 def _worker(*args, env=None):
-    """Runs this module in a worker process: the finished process, its
-    output captured as text."""
-    return common.run_module(
-        "benchmark", *args, env=env, capture_output=True, text=True
+    """Runs this module as a worker: the finished process (`returncode`,
+    `stdout`, `stderr`, as text). A worker runs in a new process, so that
+    its time and memory are its own, except under `--smoke`, whose workers
+    of this process's backend run here (`IN_PROCESS`)."""
+    backend = (env or os.environ).get("KERAS_BACKEND")
+    if not (IN_PROCESS and backend in (None, os.environ.get("KERAS_BACKEND"))):
+        return common.run_module(
+            "benchmark", *args, env=env, capture_output=True, text=True
+        )
+    import contextlib
+    import io
+    import subprocess
+    import traceback
+
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else 1
+        except Exception:  # reported as a worker's failure, as a process's
+            traceback.print_exc()
+            status = 1
+    return subprocess.CompletedProcess(
+        args, status, out.getvalue(), err.getvalue()
     )
 
 
@@ -388,7 +416,9 @@ def run_paper_shape(args):
 
 
 def main(argv=None):
+    global IN_PROCESS
     args = parse_args(argv)
+    IN_PROCESS = IN_PROCESS or args.smoke
     if args.compare:
         print(compare(*args.compare))
         return

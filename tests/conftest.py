@@ -83,9 +83,15 @@ def pytest_addoption(parser):
     )
 
 
+# The backend whose pass runs the tests that run once (below): PyTorch,
+# whose tiny models need no compiling, so the same tests take the least time
+# there (under JAX they were 240 s more of its pass). MHF_ONCE_BACKEND
+# chooses another.
+ONCE_BACKEND = os.environ.get("MHF_ONCE_BACKEND", "torch")
+
 # Test modules whose code under test never touches a Keras backend (numpy,
 # SentencePiece, files, the import graph): the suite runs once per backend,
-# these only in the JAX pass, since the other passes would repeat them.
+# these only in the `ONCE_BACKEND` pass, since the others would repeat them.
 BACKEND_INDEPENDENT = {
     "test_data_documents.py",
     "test_docstring_examples.py",
@@ -109,7 +115,7 @@ BACKEND_INDEPENDENT = {
 # Tests whose work runs in processes that choose their own backend (a
 # TensorFlow-only process loading an export; a command-line tool or recipe)
 # after a short in-process part that other tests already run on every
-# backend: they too run only in the JAX pass.
+# backend: they too run only in the `ONCE_BACKEND` pass.
 ONCE_PER_SUITE = {
     "test_pretraining_reliability.py::"
     "test_a_file_size_limit_during_a_background_write_is_one_clear_line",
@@ -148,6 +154,32 @@ ONCE_UNDER_TENSORFLOW = {
 }
 
 
+# The modules that take longest in some pass, in that order: they start
+# first, so that pytest-xdist's `--dist loadfile` (a module at a time per
+# worker, in collection order) does not end a pass with one worker still in
+# a long module while the other waits (longest first). From the
+# `--durations` of CI runs; a stale order costs time, never a result.
+LONGEST_FIRST = (
+    "test_docs_commands.py",
+    "test_docs_commands_standalone.py",
+    "test_benchmark_inference.py",
+    "test_benchmark_training.py",
+    "test_distribution.py",
+    "test_replicate.py",
+    "test_vocabulary_expansion.py",
+    "test_pretraining_faults.py",
+    "test_docs.py",
+    "test_pretraining.py",
+    "test_multi_hash_former_causal_lm.py",
+    "test_export.py",
+    "test_fused_signature_loss.py",
+    "test_evaluation.py",
+    "test_quantization.py",
+    "test_pretraining_reliability.py",
+    "test_precision.py",
+)
+
+
 def _runs_once(item):
     name = f"{item.path.name}::{item.originalname}"
     return item.path.name in BACKEND_INDEPENDENT or name in ONCE_PER_SUITE
@@ -178,9 +210,12 @@ def pytest_collection_modifyitems(config, items):
     if helpers:
         config.hook.pytest_deselected(items=helpers)
         items[:] = [item for item in items if item not in helpers]
-    if keras.config.backend() != os.environ.get("MHF_ONCE_BACKEND", "jax"):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    if keras.config.backend() != ONCE_BACKEND:
         once = pytest.mark.skip(
-            reason="backend-independent: runs once, under KERAS_BACKEND=jax"
+            reason="backend-independent: runs once, under "
+            f"KERAS_BACKEND={ONCE_BACKEND}"
         )
         for item in items:
             if _runs_once(item):

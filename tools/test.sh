@@ -44,7 +44,9 @@ export XLA_FLAGS="${XLA_FLAGS:-} --xla_backend_optimization_level=0"
 workers="${MHF_TEST_WORKERS:-2}"
 parallel=()
 if [ "$workers" != 0 ]; then
-  parallel=(-n "$workers" --dist loadfile)
+  # Modules in the order tests/conftest.py sorts them (the longest first),
+  # not pytest-xdist's default (the most tests first).
+  parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 fi
 status=0
 for backend in "${backends[@]}"; do

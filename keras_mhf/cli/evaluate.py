@@ -36,7 +36,7 @@ import os
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
-from keras_mhf.settings.run_settings import preset_directory  # noqa: E402
+from keras_mhf.settings.rules import preset_directory  # noqa: E402
 
 
 def build_parser(prog=None):

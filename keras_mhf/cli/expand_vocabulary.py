@@ -26,7 +26,7 @@ os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
 from keras_mhf.cli.common import refuse_existing_output  # noqa: E402
-from keras_mhf.settings.run_settings import preset_directory  # noqa: E402
+from keras_mhf.settings.rules import preset_directory  # noqa: E402
 
 
 def build_parser(prog=None):

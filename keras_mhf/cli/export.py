@@ -28,7 +28,7 @@ it); the Standard baseline as a stock `Qwen3ForCausalLM`
 
 from keras_mhf.cli.common import parser_from_doc
 from keras_mhf.cli.common import refuse_existing_output
-from keras_mhf.settings.run_settings import preset_directory
+from keras_mhf.settings.rules import preset_directory
 
 
 def main(argv=None, prog=None):

@@ -28,7 +28,7 @@ signature table it holds.
 import json
 
 from keras_mhf.cli.common import parser_from_doc
-from keras_mhf.settings.run_settings import preset_directory
+from keras_mhf.settings.rules import preset_directory
 
 PAPER = [
     "100m",

@@ -105,9 +105,6 @@ from keras_mhf.pretraining.checkpoints import RunCheckpoints
 from keras_mhf.pretraining.checkpoints import read_checkpoint
 from keras_mhf.pretraining.checkpoints import record_run
 from keras_mhf.pretraining.checkpoints import run_settings
-from keras_mhf.pretraining.config import DISTRIBUTIONS
-from keras_mhf.pretraining.config import MODELS
-from keras_mhf.pretraining.config import SIGNATURE_RULES
 from keras_mhf.pretraining.config import RunConfig
 from keras_mhf.pretraining.config import backbone_config
 from keras_mhf.pretraining.config import check_devices
@@ -147,6 +144,9 @@ from keras_mhf.pretraining.training import train_chunk
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
 from keras_mhf.pretraining.validation import validate_final_model
+from keras_mhf.settings.rules import DISTRIBUTIONS
+from keras_mhf.settings.rules import MODELS
+from keras_mhf.settings.rules import SIGNATURE_RULES
 from keras_mhf.utils import hooks
 from keras_mhf.utils.disk_space import DiskFullError
 from keras_mhf.utils.output_lock import OutputLockedError

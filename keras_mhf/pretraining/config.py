@@ -27,20 +27,14 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
 )
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.settings import run_settings
-from keras_mhf.settings.run_settings import DISTRIBUTIONS  # noqa: F401
-from keras_mhf.settings.run_settings import MODELS  # noqa: F401
-from keras_mhf.settings.run_settings import OPTIMIZERS  # noqa: F401
-from keras_mhf.settings.run_settings import PRECISIONS  # noqa: F401
-from keras_mhf.settings.run_settings import SIGNATURE_RULES  # noqa: F401
+from keras_mhf.settings.setting import COMMANDS
+from keras_mhf.settings.setting import PATH
+from keras_mhf.settings.setting import PATHS
 from keras_mhf.utils.files import absolute_paths
 
 # The settings that are paths: made absolute once, at the API's entry.
-_PATHS = (
-    "data",
-    "output_dir",
-    "tokenizer",
-    "validation_data",
-    "initial_preset",
+_PATHS = tuple(
+    s.name for s in run_settings.RUN_SETTINGS if s.type in (PATH, PATHS)
 )
 
 
@@ -55,9 +49,8 @@ def _fields_from_table(cls):
     lines = []
     for setting in settings:
         cls.__annotations__[setting.name] = object
-        if not (
-            setting.required and setting.commands == ("pretrain", "finetune")
-        ):
+        # Required by every command: a positional field.
+        if not (setting.required and setting.commands == COMMANDS):
             setattr(cls, setting.name, setting.default)
         lines.append(
             f"        {setting.name}: {setting.help} (default: "

@@ -28,7 +28,7 @@ import keras
 import numpy as np
 
 from keras_mhf.pretraining.peer_watch import PeerWatch
-from keras_mhf.settings.run_settings import parse_mesh
+from keras_mhf.settings.rules import parse_mesh
 from keras_mhf.utils.keras_private import set_value_in_place
 
 KINDS = ("data", "model", "fsdp")

@@ -20,11 +20,11 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
 from keras_mhf.models.standard.standard_causal_lm import standard_causal_lm
 from keras_mhf.optimizers import BiasCorrectedAdamW
 from keras_mhf.pretraining.checkpoints import RunCheckpoints
-from keras_mhf.pretraining.config import OPTIMIZERS
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.presets import load_initial_model
+from keras_mhf.settings.rules import OPTIMIZERS
 from keras_mhf.utils import hooks
 from keras_mhf.utils.progress import Progress
 

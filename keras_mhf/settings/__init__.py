@@ -6,7 +6,8 @@ answers at once): `Setting`, the table `RUN_SETTINGS` of every setting of
 | module | holds |
 |---|---|
 | `setting` | `Setting`: name, type, defaults, rule, help, flag, recorded |
-| `run_settings` | `RUN_SETTINGS`, the rules, `settings_of`, `settings_table` |
+| `rules` | the value checks the table names, `parse_mesh`, `preset_directory` |
+| `run_settings` | `RUN_SETTINGS`, `settings_of`, `settings_table` |
 | `settings_file` | `read_settings_file`, `write_settings_file` |
 
 Example:
@@ -18,15 +19,15 @@ read_settings_file("runs/mhf/config.toml")  # {"data": [...], "steps": 300, ...}
 ```
 """
 
-from keras_mhf.settings.run_settings import DISTRIBUTIONS
-from keras_mhf.settings.run_settings import MODELS
-from keras_mhf.settings.run_settings import OPTIMIZERS
-from keras_mhf.settings.run_settings import PRECISIONS
+from keras_mhf.settings.rules import DISTRIBUTIONS
+from keras_mhf.settings.rules import MODELS
+from keras_mhf.settings.rules import OPTIMIZERS
+from keras_mhf.settings.rules import PRECISIONS
+from keras_mhf.settings.rules import SIGNATURE_RULES
+from keras_mhf.settings.rules import parse_mesh
 from keras_mhf.settings.run_settings import RUN_SETTINGS
-from keras_mhf.settings.run_settings import SIGNATURE_RULES
 from keras_mhf.settings.run_settings import command_defaults
 from keras_mhf.settings.run_settings import finetune_defaults
-from keras_mhf.settings.run_settings import parse_mesh
 from keras_mhf.settings.run_settings import settings_of
 from keras_mhf.settings.run_settings import settings_table
 from keras_mhf.settings.setting import Setting

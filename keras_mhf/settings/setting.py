@@ -19,8 +19,10 @@ import dataclasses
 # `finetune_default` when fine-tuning starts from the same default.
 SAME = object()
 COMMANDS = ("pretrain", "finetune")
-# The kinds of value a setting takes besides Python types: one path or
-# several (`--data a.jsonl b.jsonl`).
+# The kinds of value a setting takes besides Python types: a path, or one
+# path or several (`--data a.jsonl b.jsonl`). Paths are made absolute where
+# a run is made (`RunConfig`).
+PATH = "path"
 PATHS = "paths"
 
 
@@ -31,8 +33,8 @@ class Setting:
     Args:
         name: the keyword of `pretrain()` / `finetune()`, the `RunConfig`
             field and the key in a settings file.
-        type: `int`, `float`, `str`, `bool`, or `PATHS` (one path or a
-            list of them).
+        type: `int`, `float`, `str`, `bool`, `PATH` or `PATHS` (one path
+            or a list of them).
         default: the default of `pretrain` (and of `RunConfig`); `None`
             means "not given" (what that means is in `help`).
         help: one sentence for `--help`, the docs and `RunConfig`.

@@ -472,17 +472,15 @@ def test_token_dtype_follows_the_vocabulary(
         )
 
 
-def test_command_line(tmp_path, inputs, tokenizer_path):
-    """`keras-mhf prepare` in a new process: its options, and the same
-    shards as `prepare_data`."""
-    command = [sys.executable, "-m", "keras_mhf.cli.main", "prepare"]
-    shown = subprocess.run(
-        command + ["--help"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    ).stdout
+def test_command_line(tmp_path, inputs, tokenizer_path, capsys):
+    """`keras-mhf prepare`: its options, and the same shards as
+    `prepare_data` (its console script starting in a new process is
+    tests/cli/test_cli.py's)."""
+    from keras_mhf.cli import main as cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["prepare", "--help"])
+    shown = capsys.readouterr().out
     for option in (
         "--tokenizer",
         "--output",
@@ -496,9 +494,9 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
         assert option in shown
     assert f"{prepare_module.DEFAULT_SHARD_TOKENS:,}" in shown
     out = tmp_path / "cli"
-    run = subprocess.run(
-        command
-        + [
+    status = cli.main(
+        [
+            "prepare",
             "--tokenizer",
             tokenizer_path,
             "--output",
@@ -510,13 +508,11 @@ def test_command_line(tmp_path, inputs, tokenizer_path):
             "500",
             "--workers",
             "2",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+        ]
     )
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "tokens/s" in run.stderr and "ETA" in run.stderr
+    err = capsys.readouterr().err
+    assert status == 0, err[-2000:]
+    assert "tokens/s" in err and "ETA" in err
     prepare(inputs, tokenizer_path, tmp_path / "api")
     assert files_of(out) == files_of(tmp_path / "api")
 

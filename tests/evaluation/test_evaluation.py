@@ -5,7 +5,6 @@ import pytest
 from keras import ops
 
 from keras_mhf import evaluation
-from tests.conftest import run_module
 
 # The width every direct computation is scored at, right-padded (causal:
 # the real positions' scores do not depend on it): one compiled shape.
@@ -257,7 +256,7 @@ def test_rare_word_similarity(tiny_lm, small_tokenizer, tmp_path):
         assert -1.0 <= metrics[key] <= 1.0
 
 
-def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus):
+def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus, capsys):
     preset = str(tmp_path / "preset")
     tiny_lm.save_to_preset(preset)
     held_out = tmp_path / "held_out.txt"
@@ -276,25 +275,18 @@ def test_evaluate_recipe_end_to_end(tiny_lm, tmp_path, corpus):
     card = tmp_path / "card.tsv"
     card.write_text("cell\tlife\t3.0\nwater\tsteam\t2.0\nlight\tatom\t1.0\n")
     output = tmp_path / "results.jsonl"
-    done = run_module(
-        "keras_mhf.cli.main",
-        "evaluate",
-        "--preset",
-        preset,
-        "--perplexity",
-        str(held_out),
-        "--lambada",
-        str(lambada),
-        "--multiple-choice",
-        str(mc),
-        "--card660",
-        str(card),
-        "--sequence-length",
-        "16",
-        "--output",
-        str(output),
+    from keras_mhf.cli import main as cli
+
+    capsys.readouterr()
+    status = cli.main(
+        ["evaluate", "--preset", preset, "--perplexity", str(held_out)]
+        + ["--lambada", str(lambada), "--multiple-choice", str(mc)]
+        + ["--card660", str(card), "--sequence-length", "16"]
+        + ["--output", str(output)]
     )
-    results = json.loads(done.stdout[done.stdout.index("{") :])
+    out, err = capsys.readouterr()
+    assert status == 0, err[-2000:]
+    results = json.loads(out[out.index("{") :])
     assert results[f"perplexity:{held_out}"]["perplexity"] > 1
     assert "acc" in results[f"lambada:{lambada}"]
     assert "acc_norm" in results[f"multiple_choice:{mc}"]

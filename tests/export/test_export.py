@@ -18,21 +18,23 @@ from keras_mhf.models import standard_causal_lm
 
 RELOAD_IDS = """
 import sys, numpy as np, tensorflow as tf
-model = tf.saved_model.load(sys.argv[1])
+prefix = sys.argv[1]
+for saved, out_path in zip(sys.argv[2::2], sys.argv[3::2]):
+    model = tf.saved_model.load(saved)
+    out = {}
+    for name in ("a", "b"):
+        d = np.load(prefix + f"_{name}.npz")
+        out[f"serve_{name}"] = model.serve(
+            token_ids=d["ids"], padding_mask=d["mask"]
+        )["log_probs"].numpy()
+        out[f"score_{name}"] = model.score(
+            token_ids=d["ids"], padding_mask=d["mask"]
+        )["token_log_probs"].numpy()
+        g = model.generate(token_ids=d["gen_ids"], padding_mask=d["gen_mask"])
+        out[f"gen_{name}"] = g["token_ids"].numpy()
+    np.savez(out_path, **out)
 assert "keras_mhf" not in sys.modules
 assert "tensorflow_text" not in sys.modules
-out = {}
-for name in ("a", "b"):
-    d = np.load(sys.argv[2] + f"_{name}.npz")
-    out[f"serve_{name}"] = model.serve(
-        token_ids=d["ids"], padding_mask=d["mask"]
-    )["log_probs"].numpy()
-    out[f"score_{name}"] = model.score(
-        token_ids=d["ids"], padding_mask=d["mask"]
-    )["token_log_probs"].numpy()
-    g = model.generate(token_ids=d["gen_ids"], padding_mask=d["gen_mask"])
-    out[f"gen_{name}"] = g["token_ids"].numpy()
-np.savez(sys.argv[3], **out)
 """
 
 RELOAD_TEXT = """
@@ -129,22 +131,31 @@ def run_in_plain_tensorflow(script, *args, cwd):
     return done.stdout
 
 
-def check_id_endpoints(model, saved, vocabulary_size, tmp_path):
+def check_id_endpoints(exports, vocabulary_size, tmp_path):
+    """Loads every `(model, SavedModel path)` of `exports` in one process
+    that imports TensorFlow alone, and checks the id endpoints' outputs
+    against each Keras model."""
     data = batches(vocabulary_size)
     prefix = str(tmp_path / "batch")
     for name, d in data.items():
         np.savez(f"{prefix}_{name}.npz", **d)
+    outputs = [str(tmp_path / f"out_{i}.npz") for i in range(len(exports))]
     run_in_plain_tensorflow(
-        RELOAD_IDS, saved, prefix, str(tmp_path / "out.npz"), cwd=tmp_path
+        RELOAD_IDS,
+        prefix,
+        *[a for (_, saved), out in zip(exports, outputs) for a in (saved, out)],
+        cwd=tmp_path,
     )
-    out = np.load(tmp_path / "out.npz")
-    for name, d in data.items():
-        serve, score, gen = keras_reference(model, d)
-        assert out[f"serve_{name}"].shape == (len(d["ids"]), vocabulary_size)
-        assert out[f"serve_{name}"].dtype == np.float32
-        np.testing.assert_allclose(out[f"serve_{name}"], serve, atol=1e-5)
-        np.testing.assert_allclose(out[f"score_{name}"], score, atol=1e-5)
-        np.testing.assert_array_equal(out[f"gen_{name}"], gen)
+    for (model, _), path in zip(exports, outputs):
+        out = np.load(path)
+        for name, d in data.items():
+            serve, score, gen = keras_reference(model, d)
+            shape = (len(d["ids"]), vocabulary_size)
+            assert out[f"serve_{name}"].shape == shape
+            assert out[f"serve_{name}"].dtype == np.float32
+            np.testing.assert_allclose(out[f"serve_{name}"], serve, atol=1e-5)
+            np.testing.assert_allclose(out[f"score_{name}"], score, atol=1e-5)
+            np.testing.assert_array_equal(out[f"gen_{name}"], gen)
 
 
 @pytest.fixture(scope="module")
@@ -237,13 +248,16 @@ def test_ids_only_exports_load_with_tensorflow_alone(
 ):
     keras.utils.set_random_seed(1)
     standard = standard_causal_lm(small_tokenizer, "tiny", sequence_length=16)
-    for name, model in (("mhf", exported[0]), ("standard", standard)):
-        saved = export_causal_lm(
-            model, str(tmp_path / name), include_text_endpoints=False
+    exports = [
+        (
+            model,
+            export_causal_lm(
+                model, str(tmp_path / name), include_text_endpoints=False
+            ),
         )
-        check_id_endpoints(
-            model, saved, small_tokenizer.vocabulary_size(), tmp_path
-        )
+        for name, model in (("mhf", exported[0]), ("standard", standard))
+    ]
+    check_id_endpoints(exports, small_tokenizer.vocabulary_size(), tmp_path)
 
 
 def test_bad_inputs_are_refused_in_the_graph(exported):

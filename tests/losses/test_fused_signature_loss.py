@@ -236,14 +236,15 @@ def test_blocks_follow_the_devices_memory():
 def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
     """The recipe's log.csv with the fused head, and with the fused head and
     `--rematerialize` (blocks recomputed in the backward pass), equals the
-    unchunked head's for 20 steps."""
+    unchunked head's for 20 steps (a row, validated and checkpointed, every
+    5)."""
     from tests.pretraining.test_pretraining import recipe_main
     from tests.pretraining_helpers import RUN
     from tests.pretraining_helpers import prepared_corpus
     from tests.pretraining_helpers import run_flags
 
     corpus, _ = prepared_corpus(str(tmp_path / "corpus"))
-    settings = dict(RUN, steps=20, checkpoint_every=1, validation_blocks=4)
+    settings = dict(RUN, steps=20, checkpoint_every=5, validation_blocks=4)
 
     def log_of(name, *flags):
         output = tmp_path / name
@@ -260,7 +261,7 @@ def test_recipe_log_is_the_same_for_20_steps(tmp_path, capsys, monkeypatch):
     rematerialized = log_of("rematerialized", "--rematerialize")
     monkeypatch.setattr(fused_loss, "uses_fused_head", lambda task: False)
     unchunked = log_of("unchunked")
-    assert len(fused) == len(rematerialized) == len(unchunked) >= 20
+    assert len(fused) == len(rematerialized) == len(unchunked) == 4
     for row, ref in [*zip(fused, unchunked), *zip(rematerialized, unchunked)]:
         assert row.keys() == ref.keys()
         for key in row:

@@ -1,6 +1,3 @@
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -54,22 +51,18 @@ def test_counts_equal_built_models(small_tokenizer):
     )
 
 
-def test_tool_prints_table():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keras_mhf.cli.main",
-            "inspect",
-            "1b_h4b16k",
-            "100m",
-            "--extra-layers",
-            "4",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def inspect_output(capsys, *arguments):
+    """What `keras-mhf inspect ARGUMENTS` prints (in this process; the
+    console script is tests/cli/test_cli.py's)."""
+    from keras_mhf.cli import main as cli
+
+    capsys.readouterr()
+    assert cli.main(["inspect", *arguments]) == 0
+    return capsys.readouterr().out
+
+
+def test_tool_prints_table(capsys):
+    out = inspect_output(capsys, "1b_h4b16k", "100m", "--extra-layers", "4")
     assert "1b_h4b16k+4L" in out and "100m+4L" in out and "141.6M" in out
 
 
@@ -91,22 +84,8 @@ def test_weight_bytes_int8_tables_about_4x_smaller(small_tokenizer):
 
 
 @pytest.mark.large
-def test_tool_prints_bytes():
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keras_mhf.cli.main",
-            "inspect",
-            "tiny_h3b64",
-            "--bytes",
-            "--quantize",
-            "int8",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def test_tool_prints_bytes(capsys):
+    out = inspect_output(capsys, "tiny_h3b64", "--bytes", "--quantize", "int8")
     lines = [line for line in out.splitlines() if line.startswith("tiny")]
     assert len(lines) == 2 and "float32" in lines[0] and "int8" in lines[1]
     assert "x smaller" in lines[1]

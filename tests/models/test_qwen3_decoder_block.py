@@ -13,41 +13,49 @@ from tests.conftest import REPO
 STOCK_QWEN3 = r"""
 import json, sys
 import numpy as np, keras
-if sys.argv[1] == "with":
-    import keras_mhf  # noqa: F401
 from keras_hub.models import Qwen3Backbone
-keras.utils.set_random_seed(0)
-backbone = Qwen3Backbone(vocabulary_size=50, num_layers=1, num_query_heads=2,
-                         num_key_value_heads=1, head_dim=8, hidden_dim=16,
-                         intermediate_dim=32, layer_norm_epsilon=2e-6)
-attention = backbone.transformer_layers[0]._self_attention_layer
-ids = np.arange(12, dtype="int32").reshape(2, 6)
-out = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
-print(json.dumps({
-    "q_epsilon": attention._query_dense_layer_norm.epsilon,
-    "k_epsilon": attention._key_dense_layer_norm.epsilon,
-    "config_keys": sorted(backbone.transformer_layers[0].get_config()),
-    "output": np.asarray(keras.ops.convert_to_numpy(out)).round(7).tolist(),
-}))
+
+
+def stock():
+    keras.utils.set_random_seed(0)
+    backbone = Qwen3Backbone(vocabulary_size=50, num_layers=1,
+                             num_query_heads=2, num_key_value_heads=1,
+                             head_dim=8, hidden_dim=16, intermediate_dim=32,
+                             layer_norm_epsilon=2e-6)
+    attention = backbone.transformer_layers[0]._self_attention_layer
+    ids = np.arange(12, dtype="int32").reshape(2, 6)
+    out = backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)})
+    return {
+        "q_epsilon": attention._query_dense_layer_norm.epsilon,
+        "k_epsilon": attention._key_dense_layer_norm.epsilon,
+        "config_keys": sorted(backbone.transformer_layers[0].get_config()),
+        "output": np.asarray(keras.ops.convert_to_numpy(out)).tolist(),
+    }
+
+
+assert "keras_mhf" not in sys.modules
+results = {"without": stock()}
+import keras_mhf  # noqa: E402, F401
+results["with"] = stock()
+print(json.dumps(results))
 """
 
 
 def test_importing_keras_mhf_leaves_stock_qwen3_unchanged():
     """No process-wide patch: KerasHub's own Qwen3Backbone behaves the same
-    with and without `import keras_mhf` (its 0.32 q/k-norm epsilon bug
-    included), in fresh processes."""
-    results = {}
-    for mode in ("without", "with"):
-        done = subprocess.run(
-            [sys.executable, "-c", STOCK_QWEN3, mode],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            cwd=str(REPO),
-            env=dict(os.environ),
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+    before and after `import keras_mhf` (its 0.32 q/k-norm epsilon bug
+    included), in a fresh process that imports keras_mhf only between the
+    two."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOCK_QWEN3],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=str(REPO),
+        env=dict(os.environ),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
     assert results["with"] == results["without"]
     assert results["without"]["q_epsilon"] == 1e-5  # KerasHub's own behaviour
 
