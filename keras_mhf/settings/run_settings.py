@@ -484,3 +484,26 @@ def settings_table(command):
             f"{resume.get(s.recorded, '')} | {s.help} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def with_current_tables(page):
+    """`page` (Markdown) with the table under each `## keras-mhf COMMAND`
+    heading replaced by `settings_table(COMMAND)`: how docs/settings.md is
+    kept current (`python -m keras_mhf.settings docs/settings.md`)."""
+    lines = page.splitlines(keepends=True)
+    out, command, i = [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("## "):
+            heading = line[3:].strip()
+            command = heading.removeprefix("keras-mhf ")
+            command = command if command in COMMANDS else None
+        if command and line.startswith("| setting (file key) |"):
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1
+            out.append(settings_table(command))
+            command = None
+            continue
+        out.append(line)
+        i += 1
+    return "".join(out)

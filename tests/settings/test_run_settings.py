@@ -20,6 +20,8 @@ from keras_mhf.settings import read_settings_file
 from keras_mhf.settings import settings_of
 from keras_mhf.settings import settings_table
 from keras_mhf.settings import write_settings_file
+from keras_mhf.settings.__main__ import main
+from keras_mhf.settings.run_settings import with_current_tables
 
 REPO = Path(__file__).resolve().parents[2]
 PARSERS = {
@@ -235,12 +237,25 @@ def test_every_run_config_setting_is_checked():
     )
 
 
-@pytest.mark.parametrize("command", ["pretrain", "finetune"])
-def test_the_docs_tables_are_the_settings(command):
+def test_the_docs_tables_are_the_settings():
     page = (REPO / "docs" / "settings.md").read_text(encoding="utf-8")
-    table = settings_table(command)
-    assert table in page, (
-        f"docs/settings.md's {command} table is not current; paste the "
-        f'output of: python -c "from keras_mhf.settings import '
-        f"settings_table; print(settings_table('{command}'))\""
+    for command in ("pretrain", "finetune"):
+        assert settings_table(command) in page
+    assert with_current_tables(page) == page, (
+        "docs/settings.md's tables are not current; run: "
+        "python -m keras_mhf.settings docs/settings.md"
+    )
+
+
+def test_the_docs_writer_replaces_only_the_tables(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# x\n\n## keras-mhf finetune\n\ntext\n\n"
+        "| setting (file key) | flag |\n|---|---|\n| `old` | - |\n\nafter\n"
+    )
+    main([str(page)])
+    assert page.read_text() == (
+        "# x\n\n## keras-mhf finetune\n\ntext\n\n"
+        + settings_table("finetune")
+        + "\nafter\n"
     )
