@@ -170,7 +170,7 @@ def openstax_training_files():
 
 
 # The sentences of the tiny SentencePiece models (those of the tests'
-# `tests/conftest.py::CORPUS`).
+# `tests/conftest.py::CORPUS`, which is `SENTENCES * 4`).
 SENTENCES = [
     "The cell is the basic unit of life and every organism is made of cells.",
     "Energy is conserved in a closed system, so work and heat balance out.",

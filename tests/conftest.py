@@ -8,6 +8,9 @@ import keras
 import numpy as np
 import pytest
 
+from benchmarks.common import SENTENCES
+from benchmarks.common import small_sentencepiece
+
 keras.config.disable_traceback_filtering()
 
 REPO = Path(__file__).resolve().parents[1]
@@ -271,16 +274,9 @@ def _reset_progress():
     show_progress(False)
 
 
-CORPUS = [
-    "The cell is the basic unit of life and every organism is made of cells.",
-    "Energy is conserved in a closed system, so work and heat balance out.",
-    "Water boils at one hundred degrees Celsius at sea level.",
-    "A market price rises when demand grows faster than supply.",
-    "The mitochondria release energy that the cell uses to do work.",
-    "Light travels faster than sound, which is why thunder comes later.",
-    "Plants turn sunlight, water and carbon dioxide into sugar and oxygen.",
-    "An atom has a nucleus of protons and neutrons with electrons around it.",
-] * 4
+# The tiny corpus and SentencePiece model are the measurement scripts' own
+# (benchmarks/common.py), so both train the same tokenizer.
+CORPUS = SENTENCES * 4
 
 
 @pytest.fixture(scope="session")
@@ -292,19 +288,7 @@ def corpus():
 def small_proto_bytes():
     """A SentencePiece model trained here on a few sentences (no data files);
     for `TestCase` classes, which cannot take fixtures."""
-    import io
-
-    import sentencepiece as spm
-
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS),
-        model_writer=model,
-        vocab_size=120,
-        model_type="bpe",
-        minloglevel=2,
-    )
-    return model.getvalue()
+    return small_sentencepiece(CORPUS, vocabulary_size=120)
 
 
 @pytest.fixture(scope="session")
