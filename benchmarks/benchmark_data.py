@@ -15,6 +15,12 @@ Sections (`--sections`, default all but `tests`):
 - `reader`: how fast `prepare_data`'s main process alone reads and parses
   JSONL documents (`DocumentReader`): the ceiling that adding tokenizer
   workers cannot pass.
+- `formats`: the same OpenStax documents read by `DocumentReader` as
+  published corpora come: the JSONL files, `.jsonl.zst`, Parquet with
+  FineWeb-Edu's columns (one file per JSONL file, row groups of
+  --row-group-rows rows) and a `datasets` save_to_disk folder; MB/s of
+  document text and documents/s, the best of --format-passes interleaved
+  passes each, and Parquet's rate over JSONL's (target: at least 1x).
 - `rss`: peak resident memory (`ru_maxrss` of the child) of `keras-mhf
   pretrain` training the tiny architecture for --steps steps on each
   prepared corpus; the two peaks must differ by less than 150 MB.
@@ -49,10 +55,11 @@ from benchmarks import result_tables
 MISTRAL = common.MISTRAL
 # The pre-training runs' tests (a package of modules).
 PRETRAINING_TESTS = os.path.join("tests", "pretraining")
-SECTIONS = ("prepare", "reader", "rss", "loader", "resume", "tests")
+SECTIONS = ("prepare", "reader", "formats", "rss", "loader", "resume", "tests")
 RSS_LIMIT_MB = 150
 LOADER_FACTOR = 20
 RESUME_TARGET_S = 10
+PARQUET_FACTOR = 1.0
 
 # Runs a command as its child and reports the child's peak resident memory.
 PEAK_RSS = """
@@ -102,6 +109,18 @@ def parse_args(argv=None):
     )
     p.add_argument(
         "--test-backends", nargs="+", default=["jax", "tensorflow", "torch"]
+    )
+    p.add_argument(
+        "--format-passes",
+        type=int,
+        default=7,
+        help="passes over the text per format (formats section)",
+    )
+    p.add_argument(
+        "--row-group-rows",
+        type=int,
+        default=100,
+        help="rows per Parquet row group (formats section)",
     )
     p.add_argument(
         "--output",
@@ -191,6 +210,109 @@ def reader_throughput(passes=3):
     return {
         "megabytes_per_s": round(passes * size / 1e6 / seconds, 1),
         "documents_per_s": round(documents / seconds),
+    }
+
+
+def fineweb_edu_table(texts):
+    """`texts` as a table with FineWeb-Edu's columns (the others filled in),
+    as Parquet files on the Hub have them."""
+    import pyarrow as pa
+
+    n = len(texts)
+    return pa.table(
+        {
+            "text": texts,
+            "id": [f"<urn:uuid:{i:036d}>" for i in range(n)],
+            "dump": ["CC-MAIN-2024-10"] * n,
+            "url": [f"https://example.org/page/{i}" for i in range(n)],
+            "date": ["2024-02-21T12:00:00Z"] * n,
+            "file_path": ["s3://commoncrawl/crawl-data/CC-MAIN.warc.gz"] * n,
+            "language": ["en"] * n,
+            "language_score": pa.array([0.95] * n, pa.float64()),
+            "token_count": pa.array([len(t) // 4 for t in texts], pa.int64()),
+            "score": pa.array([3.1] * n, pa.float64()),
+            "int_score": pa.array([3] * n, pa.int64()),
+        }
+    )
+
+
+def write_formats(workdir, files, row_group_rows):
+    """The OpenStax training `files` written as published corpora come;
+    returns `{format: inputs}` (JSONL: the files themselves)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    from keras_mhf.data import read_documents
+
+    inputs = {"jsonl": list(files), "jsonl.zst": [], "parquet": []}
+    saved = os.path.join(workdir, "save_to_disk")
+    os.makedirs(saved)
+    shards = []
+    for number, path in enumerate(files):
+        name = os.path.splitext(os.path.basename(path))[0]
+        zst = os.path.join(workdir, name + ".jsonl.zst")
+        with open(path, "rb") as f, open(zst, "wb") as out:
+            out.write(zstandard.ZstdCompressor(level=3).compress(f.read()))
+        inputs["jsonl.zst"].append(zst)
+        table = fineweb_edu_table(list(read_documents(path)))
+        parquet = os.path.join(workdir, name + ".parquet")
+        pq.write_table(table, parquet, row_group_size=row_group_rows)
+        inputs["parquet"].append(parquet)
+        # What `datasets`' save_to_disk writes (Arrow IPC streams of 1,000
+        # rows per batch, listed in state.json), without needing `datasets`.
+        shard = f"data-{number:05d}-of-{len(files):05d}.arrow"
+        with pa.ipc.new_stream(os.path.join(saved, shard), table.schema) as w:
+            for batch in table.to_batches(max_chunksize=1000):
+                w.write_batch(batch)
+        shards.append({"filename": shard})
+    with open(os.path.join(saved, "state.json"), "w") as f:
+        json.dump({"_data_files": shards}, f)
+    with open(os.path.join(saved, "dataset_info.json"), "w") as f:
+        json.dump({}, f)
+    inputs["save_to_disk"] = [saved]
+    return inputs
+
+
+def format_throughput(workdir, passes, row_group_rows):
+    """MB/s of document text and documents/s of `DocumentReader` over the
+    OpenStax training text in each published format (the best of `passes`
+    passes, the formats taking turns, so that the machine's other load
+    weighs on each alike)."""
+    from keras_mhf.data import DocumentReader
+    from keras_mhf.data import read_documents
+
+    files = common.openstax_training_files()
+    texts = list(read_documents(files))
+    text_bytes = sum(len(t.encode("utf-8")) for t in texts)
+    inputs = write_formats(workdir, files, row_group_rows)
+    best = {name: float("inf") for name in inputs}
+    for _ in range(passes):
+        for name, paths in inputs.items():
+            started = time.perf_counter()
+            count = sum(1 for _ in DocumentReader(paths))
+            best[name] = min(best[name], time.perf_counter() - started)
+            assert count == len(texts), (name, count)
+    rates = {
+        name: {
+            "megabytes_per_s": round(text_bytes / 1e6 / seconds, 1),
+            "documents_per_s": round(len(texts) / seconds),
+            "input_bytes": sum(
+                os.path.getsize(p) for p in DocumentReader(inputs[name]).files
+            ),
+        }
+        for name, seconds in best.items()
+    }
+    factor = best["jsonl"] / best["parquet"]
+    return {
+        "documents": len(texts),
+        "text_bytes": text_bytes,
+        "passes": passes,
+        "row_group_rows": row_group_rows,
+        "formats": rates,
+        "parquet_over_jsonl": round(factor, 2),
+        "target": PARQUET_FACTOR,
+        "met": factor >= PARQUET_FACTOR,
     }
 
 
@@ -444,6 +566,14 @@ def main(argv=None):
         if "reader" in args.sections:
             results["reader"] = reader_throughput()
             print(f"reader: {results['reader']}", flush=True)
+        if "formats" in args.sections:
+            folder = os.path.join(workdir, "formats")
+            os.makedirs(folder)
+            results["formats"] = format_throughput(
+                folder, args.format_passes, args.row_group_rows
+            )
+            shutil.rmtree(folder)
+            print(f"formats: {results['formats']}", flush=True)
         if "rss" in args.sections:
             runs = {
                 name: peak_rss(

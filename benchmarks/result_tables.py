@@ -676,6 +676,48 @@ def _met(ok):
     return "met" if ok else "NOT met"
 
 
+# How `formats_table` names the formats of `benchmark_data`'s formats
+# section.
+FORMAT_NAMES = {
+    "jsonl": "JSONL",
+    "jsonl.zst": "JSONL, zstandard",
+    "parquet": "Parquet (FineWeb-Edu columns)",
+    "save_to_disk": "`datasets` save_to_disk (Arrow)",
+}
+
+
+def formats_table(formats):
+    """`DocumentReader` over the same text in each published format: MB/s
+    of document text, documents/s and the input's size."""
+    jsonl = formats["formats"]["jsonl"]["megabytes_per_s"]
+    rows = [
+        [
+            FORMAT_NAMES.get(name, name),
+            f"{rate['input_bytes'] / 1e6:,.1f} MB",
+            f"{rate['megabytes_per_s']:,.1f}",
+            f"{rate['documents_per_s']:,}",
+            f"{rate['megabytes_per_s'] / jsonl:.2f}x",
+        ]
+        for name, rate in formats["formats"].items()
+    ]
+    return markdown_table(
+        ["format", "input", "text MB/s", "documents/s", "vs JSONL"], rows
+    )
+
+
+def formats_summary(formats):
+    """One sentence: what was read and Parquet's rate against JSONL's."""
+    return (
+        f"The same {formats['documents']:,} OpenStax documents "
+        f"({formats['text_bytes'] / 1e6:,.1f} MB of text) read by "
+        "`DocumentReader` in each format (Parquet: row groups of "
+        f"{formats['row_group_rows']} rows, only the text column read), the "
+        f"best of {formats['passes']} passes each: Parquet reads "
+        f"{formats['parquet_over_jsonl']:.2f}x as fast as JSONL (target "
+        f"{formats['target']:g}x: {_met(formats['met'])})."
+    )
+
+
 def data_report(results, rss_limit_mb, loader_factor):
     """`benchmarks.benchmark_data`'s report of the sections in `results`
     (`rss_limit_mb`, `loader_factor`: the targets the rss and loader
@@ -698,6 +740,9 @@ def data_report(results, rss_limit_mb, loader_factor):
             "more tokenizer workers cannot pass.",
             "",
         ]
+    formats = results.get("formats")
+    if formats:
+        lines += formats_table(formats) + ["", formats_summary(formats), ""]
     rss = results.get("rss")
     if rss:
         lines += [

@@ -534,7 +534,23 @@ def data_section():
         f"run: {resume['fresh_run_s']:.2f} s; importing alone: "
         f"{resume['import_s']:.2f} s).",
         "",
+        *_formats_lines(data.get("formats")),
         f"Measured in {_link(name)}.",
+    ]
+
+
+def _formats_lines(formats):
+    """Reading published formats (the formats section), if measured."""
+    if not formats:
+        return []
+    return [
+        "Reading corpora as published (`python -m benchmarks.benchmark_data "
+        "--sections formats`):",
+        "",
+        *result_tables.formats_table(formats),
+        "",
+        result_tables.formats_summary(formats),
+        "",
     ]
 
 

@@ -42,6 +42,10 @@ if _sys.argv and _os.path.basename(_sys.argv[0]) == "keras-mhf":
     # command loads the package (`keras_mhf.cli.main`) once its arguments
     # parse; until then the public names load on first use.
     _os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
+    # The command's backend is JAX unless KERAS_BACKEND says otherwise
+    # (not Keras' own default from ~/.keras/keras.json, TensorFlow), as
+    # docs/command_line.md says; `pretrain` prints it on its first line.
+    _os.environ.setdefault("KERAS_BACKEND", "jax")
     _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no INFO lines
 
     def __getattr__(name):

@@ -69,15 +69,21 @@ def parse_args(argv=None):
     p.add_argument(
         "--data",
         default=os.path.join(DATA, "multilingual_ar_zh_hi"),
-        help="folder with one sub-folder of .txt files per language",
+        help="folder with one sub-folder of corpus files (.txt, .jsonl, "
+        ".parquet, ...) per language",
     )
     p.add_argument("--languages", nargs="+", default=["ar", "zh", "hi"])
     p.add_argument(
         "--english",
         default=None,
-        help="folder of English .txt/.jsonl files mixed into continual "
-        "pre-training and evaluated; a file named *validation* or *flores* "
-        "is held out (default: DATA/en)",
+        help="folder of English corpus files (.txt, .jsonl, .parquet, ...) "
+        "mixed into continual pre-training and evaluated; a file named "
+        "*validation* or *flores* is held out (default: DATA/en)",
+    )
+    p.add_argument(
+        "--text-field",
+        default="text",
+        help="the JSON field (.jsonl) or Parquet/Arrow column of the text",
     )
     p.add_argument(
         "--english-share",
@@ -174,18 +180,23 @@ def model_name(preset):
     return os.path.basename(path)
 
 
-def read_language(folder, max_train_lines, held_out_lines):
-    """(train documents, held-out documents): files whose name has
-    `flores` or `validation` in it are held out (or the last file); with
-    a single file, its first `held_out_lines` are."""
+def read_language(folder, max_train_lines, held_out_lines, text_field="text"):
+    """(train documents, held-out documents) of the corpus files in
+    `folder` (`.txt`, `.jsonl`, `.parquet`, ...: `keras_mhf.data`'s
+    `CORPUS_EXTENSIONS`; `text_field` names the JSON field or column):
+    files whose name has `flores` or `validation` in it are held out (or
+    the last file); with a single file, its first `held_out_lines` are."""
+    from keras_mhf.data import CORPUS_EXTENSIONS
+    from keras_mhf.data import is_corpus_file
     from keras_mhf.data import read_documents
 
     files = sorted(
-        glob.glob(os.path.join(folder, "*.txt"))
-        + glob.glob(os.path.join(folder, "*.jsonl"))
+        f for f in glob.glob(os.path.join(folder, "*")) if is_corpus_file(f)
     )
     if not files:
-        raise ValueError(f"No .txt or .jsonl files in {folder}.")
+        raise ValueError(
+            f"No corpus files ({', '.join(CORPUS_EXTENSIONS)}) in {folder}."
+        )
     held = [
         f
         for f in files
@@ -194,8 +205,14 @@ def read_language(folder, max_train_lines, held_out_lines):
     train = []
     for f in files:
         if f not in held and len(train) < max_train_lines:
-            train.extend(read_documents(f, limit=max_train_lines - len(train)))
-    held_out = [line for f in held for line in read_documents(f)]
+            train.extend(
+                read_documents(
+                    f, limit=max_train_lines - len(train), text_field=text_field
+                )
+            )
+    held_out = [
+        line for f in held for line in read_documents(f, text_field=text_field)
+    ]
     if not train:  # a single file: split it
         train, held_out = held_out[held_out_lines:], held_out
     return train[:max_train_lines], held_out[:held_out_lines]
@@ -250,7 +267,10 @@ class Experiment:
         held = args.validation_lines + args.calibration_lines
         texts = {
             lang: read_language(
-                os.path.join(args.data, lang), args.max_train_lines, held
+                os.path.join(args.data, lang),
+                args.max_train_lines,
+                held,
+                args.text_field,
             )
             for lang in self.languages
         }
@@ -258,6 +278,7 @@ class Experiment:
             args.english or os.path.join(args.data, "en"),
             args.max_train_lines,
             held,
+            args.text_field,
         )
         self.validation = {
             lang: held_out[: args.validation_lines]

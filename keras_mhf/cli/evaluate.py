@@ -48,7 +48,18 @@ def build_parser(prog=None):
         help="preset directory (MHF or Standard)",
     )
     p.add_argument(
-        "--perplexity", nargs="*", default=[], help="held-out .txt/.jsonl files"
+        "--perplexity",
+        nargs="*",
+        default=[],
+        help="held-out text: .txt, .jsonl(.gz/.zst), .parquet or .arrow "
+        "files, datasets save_to_disk folders, directories or glob patterns",
+    )
+    p.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the JSON field (.jsonl) or Parquet/Arrow column of the "
+        "--perplexity text (default: %(default)s)",
     )
     p.add_argument(
         "--lambada", nargs="*", default=[], help="LAMBADA-format .jsonl files"
@@ -169,6 +180,7 @@ def main(argv=None, prog=None):
         on_error=args.on_error,
         tasks=tasks,
         delimiter=args.delimiter,
+        text_field=args.text_field,
     )
     print(json.dumps(results, indent=2))
     return results

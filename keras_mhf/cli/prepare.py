@@ -4,12 +4,18 @@
     keras-mhf prepare --tokenizer tokenizer.model \\
         --output prepared/ 'books/*.jsonl.gz' notes.txt \\
         --validation held_out.jsonl --workers 8
+    keras-mhf prepare --tokenizer tokenizer.model --output prepared/edu \\
+        'fineweb-edu/sample/10BT/*.parquet' --text-field text
 
-Inputs are `.txt`, `.jsonl` or `.jsonl.gz` files, directories of them (other
-files are skipped) and glob patterns. The output directory gets
-`train_*.bin`, `validation_*.bin` and `index.json` (written last); open it with
-`keras_mhf.data.PreparedCorpus`. A killed run restarted with the same
-arguments continues where it stopped; a finished one is left as it is.
+Inputs are `.txt`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` or `.txt.zst` files,
+Parquet files (`.parquet`, e.g. FineWeb-Edu), Arrow files and folders
+written by Hugging Face `datasets`' `save_to_disk` (a DatasetDict: name its
+split, FOLDER/SPLIT), directories of them (other files are skipped) and glob
+patterns. --text-field picks the JSON field or column that holds the text
+(default: text). The output directory gets `train_*.bin`, `validation_*.bin`
+and `index.json` (written last); open it with `keras_mhf.data.PreparedCorpus`.
+A killed run restarted with the same arguments continues where it stopped; a
+finished one is left as it is.
 """
 
 import sys
@@ -24,7 +30,9 @@ def main(argv=None, prog=None):
         "inputs",
         nargs="+",
         metavar="INPUT",
-        help="corpus file (.txt, .jsonl, .jsonl.gz), directory or glob pattern",
+        help="corpus file (.txt, .jsonl, .jsonl.gz, .jsonl.zst, .txt.zst, "
+        ".parquet, .arrow), datasets save_to_disk folder, directory or glob "
+        "pattern",
     )
     parser.add_argument(
         "--tokenizer",
@@ -74,8 +82,16 @@ def main(argv=None, prog=None):
         "--on-error",
         choices=("fail", "skip"),
         default="fail",
-        help="a bad line (not UTF-8, invalid JSON, no string 'text'): stop "
-        "with its file:line (fail, default) or skip it with a warning (skip)",
+        help="a bad line or row (not UTF-8, invalid JSON, no string text, a "
+        "null): stop with its file:line (fail, default) or skip it with a "
+        "warning (skip); a damaged Parquet or Arrow file always stops",
+    )
+    parser.add_argument(
+        "--text-field",
+        default="text",
+        metavar="NAME",
+        help="the JSON field (.jsonl) or Parquet/Arrow column that holds "
+        "the text (default: %(default)s)",
     )
     parser.add_argument(
         "--quiet",
@@ -99,6 +115,7 @@ def main(argv=None, prog=None):
             workers=args.workers,
             on_error=args.on_error,
             progress=not args.quiet,
+            text_field=args.text_field,
         )
     except (ValueError, OSError, OutputLockedError) as error:
         message = str(error)

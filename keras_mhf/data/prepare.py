@@ -51,6 +51,7 @@ import warnings
 
 import numpy as np
 
+from keras_mhf.data.documents import DEFAULT_TEXT_FIELD
 from keras_mhf.data.documents import DocumentReader
 from keras_mhf.data.documents import ReadPosition
 from keras_mhf.data.documents import list_corpus_files
@@ -389,6 +390,8 @@ def _identity(record):
         "validation rule": record["validation"],
         "training inputs": record["sources"]["train"],
         "validation inputs": record["sources"]["validation"],
+        # Corpora prepared before the field could be chosen read "text".
+        "text field": record.get("text_field", DEFAULT_TEXT_FIELD),
     }
 
 
@@ -481,12 +484,15 @@ def prepare_data(
     workers=None,
     on_error="fail",
     progress=True,
+    text_field=DEFAULT_TEXT_FIELD,
 ):
     """Tokenizes corpora into token shards plus `index.json` (see module doc).
 
     Args:
         inputs: corpus files, directories or glob patterns (`.txt`, `.jsonl`,
-            `.jsonl.gz`; see `list_corpus_files`), or a list of them.
+            `.jsonl.gz`, `.jsonl.zst`, `.txt.zst`, `.parquet`, `.arrow`,
+            `datasets` save_to_disk folders; see `list_corpus_files`), or a
+            list of them.
         tokenizer_path: SentencePiece `.model` file.
         output_dir: directory to write (created; must be new, empty, or an
             earlier run of this same preparation).
@@ -502,6 +508,9 @@ def prepare_data(
         on_error: `"fail"` (default) or `"skip"` bad corpus lines (see
             `DocumentReader`).
         progress: report progress on stderr.
+        text_field: the JSON field (`.jsonl*`) or Parquet/Arrow column that
+            holds the text; recorded in the index, so a rerun with another
+            one is refused.
 
     Returns:
         The index (the contents of `output_dir/index.json`).
@@ -527,6 +536,7 @@ def prepare_data(
             workers,
             on_error,
             progress,
+            text_field,
         )
     )
     job = _make_job(inputs, tokenizer_path, options)
@@ -546,6 +556,7 @@ _Options = collections.namedtuple(
         "workers",
         "on_error",
         "progress",
+        "text_field",
     ],
 )
 
@@ -575,6 +586,11 @@ def _check_arguments(options):
     if options.on_error not in ("fail", "skip"):
         raise ValueError(
             f"on_error must be 'fail' or 'skip', got {options.on_error!r}."
+        )
+    if not isinstance(options.text_field, str) or not options.text_field:
+        raise ValueError(
+            "text_field (--text-field) must name a field or column, got "
+            f"{options.text_field!r}."
         )
     fraction = options.validation_fraction
     if options.validation_inputs is None and not 0.0 < fraction < 1.0:
@@ -624,6 +640,7 @@ def _make_job(inputs, tokenizer_path, options):
             "validation": _sources(validation_files),
         },
         "on_error": options.on_error,
+        "text_field": options.text_field,
     }
     return _Job(sp, proto, header, train_files, validation_files, options)
 
@@ -688,6 +705,7 @@ def _start_or_resume(output_dir, job, state_path, report):
     state = dict(job.header)
     state["position"] = {"source": 0, "read": list(ReadPosition())}
     state["skipped_before_source"] = 0
+    state["empty_before_source"] = 0
     state["splits"] = {split: dict(empty) for split in SPLITS}
     write_json(state_path, state)
     return state
@@ -697,6 +715,7 @@ def _write_index(output_dir, job, state, state_path, writers, totals):
     """Writes `index.json` (last) for a complete run, or removes the run's
     files and raises when a split came out empty."""
     skipped = state["skipped_before_source"]
+    empty = state.get("empty_before_source", 0)
     if not all(totals[split]["documents"] for split in SPLITS):
         error = _split_sizes_error(
             totals,
@@ -716,6 +735,7 @@ def _write_index(output_dir, job, state, state_path, writers, totals):
         timespec="seconds"
     )
     index["skipped_lines"] = skipped
+    index["empty_documents"] = empty
     index["splits"] = totals
     write_json(os.path.join(output_dir, INDEX_FILE), index)
     os.remove(state_path)
@@ -723,6 +743,7 @@ def _write_index(output_dir, job, state, state_path, writers, totals):
         f"prepare_data: wrote {totals['train']['tokens']:,} training and "
         f"{totals['validation']['tokens']:,} validation tokens to {output_dir}"
         + (f" ({skipped} bad lines skipped)" if skipped else "")
+        + (f" ({empty} empty texts left out)" if empty else "")
         + "."
     )
     return index
@@ -794,12 +815,14 @@ class _Tokenization:
     def _start_bytes(self):
         """Input bytes before the checkpointed position."""
         source = self.position["source"]
-        file_index, offset = self.position["read"][:2]
         done = sum(self.sizes[:source])
         if source < len(self.sources):
-            files = self.sources[source]
-            done += sum(os.path.getsize(f) for f in files[:file_index])
-            done += offset if file_index < len(files) else 0
+            reader = DocumentReader(
+                self.sources[source],
+                start=ReadPosition(*self.position["read"]),
+                text_field=self.job.options.text_field,
+            )
+            done += reader.start_bytes()
         return done
 
     def _completed(self):
@@ -807,7 +830,8 @@ class _Tokenization:
 
     def _chunks(self):
         """(source, texts, end position, bytes read); texts=None marks the
-        end of a source (`end` is then its count of skipped lines)."""
+        end of a source (`end` is then its counts of skipped lines and of
+        empty texts)."""
         position = self.position
         for source in range(position["source"], len(self.sources)):
             start = None
@@ -817,6 +841,7 @@ class _Tokenization:
                 self.sources[source],
                 on_error=self.job.options.on_error,
                 start=start,
+                text_field=self.job.options.text_field,
             )
             before = sum(self.sizes[:source])
             texts, chars, end = [], 0, None
@@ -829,7 +854,8 @@ class _Tokenization:
                     texts, chars = [], 0
             if texts:
                 yield source, texts, end, before + reader.bytes_read
-            yield source, None, reader.skipped, before + self.sizes[source]
+            counts = (reader.skipped, reader.empty)
+            yield source, None, counts, before + self.sizes[source]
 
     def _submit(self, pool, source, texts):
         """The (pending) tokenization of a chunk: `.get()` gives `_tokenize`'s
@@ -856,7 +882,10 @@ class _Tokenization:
         when due and reports progress."""
         position = self.position
         if texts is None:  # the end of a source
-            self.state["skipped_before_source"] += end
+            self.state["skipped_before_source"] += end[0]
+            self.state["empty_before_source"] = (
+                self.state.get("empty_before_source", 0) + end[1]
+            )
             position["source"] = source + 1
             position["read"] = list(ReadPosition())
         else:

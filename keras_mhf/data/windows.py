@@ -9,7 +9,9 @@ a bias below `num_starts / 2**64`). The data of a step therefore depends only
 on the seed and the step: a run resumed at step `s` reads exactly what an
 uninterrupted run reads from step `s` on, and nothing before it. Process `p`
 of `P` reads rows `[p * b, (p + 1) * b)` of every global batch,
-`b = batch_size // P`.
+`b = batch_size // P`. With gradient accumulation over `N` micro-batches,
+micro-batch `j` of a step is rows `[j * b / N, (j + 1) * b / N)` of each
+process's rows: the `N` micro-batches of a step are its batch.
 
 Numpy only (arguments are checked with
 `keras_mhf.utils.arguments.check_positive_ints`), except that
@@ -128,6 +130,9 @@ class WindowSampler:
         seed: integer seed of the window order.
         process_index: this process, in `[0, process_count)`.
         process_count: number of processes that share each global batch.
+        micro_batches: parts of each step (gradient accumulation); then
+            `sampler(index)` is part `index % micro_batches` of step
+            `index // micro_batches`.
 
     Example:
 
@@ -146,6 +151,7 @@ class WindowSampler:
         seed,
         process_index=0,
         process_count=1,
+        micro_batches=1,
     ):
         self.corpus = _open(corpus)
         self.split = split
@@ -154,7 +160,22 @@ class WindowSampler:
             sequence_length=sequence_length,
             batch_size=batch_size,
             process_count=process_count,
+            micro_batches=micro_batches,
         )
+        self.micro_batches = int(micro_batches)
+        if batch_size % process_count:
+            raise ValueError(
+                f"batch_size={batch_size} does not divide by "
+                f"process_count={process_count}; use a global batch size "
+                "that is a multiple of the number of processes."
+            )
+        if batch_size % (process_count * micro_batches):
+            raise ValueError(
+                f"batch_size={batch_size} does not split into "
+                f"process_count={process_count} x micro_batches="
+                f"{micro_batches} equal parts; use a multiple of "
+                f"{process_count * micro_batches}."
+            )
         self.sequence_length = int(sequence_length)
         self.batch_size = int(batch_size)
         self.process_count = int(process_count)
@@ -165,12 +186,6 @@ class WindowSampler:
             raise ValueError(
                 f"process_index must be in [0, {self.process_count}), got "
                 f"{self.process_index}."
-            )
-        if self.batch_size % self.process_count:
-            raise ValueError(
-                f"batch_size={self.batch_size} does not divide by "
-                f"process_count={self.process_count}; use a global batch size "
-                "that is a multiple of the number of processes."
             )
         self.seed = int(seed)
         tokens = _check_length(self.corpus, split, self.sequence_length)
@@ -195,8 +210,15 @@ class WindowSampler:
         starts = self.starts(int(step))
         return self.corpus.windows(self.split, starts, self.sequence_length + 1)
 
-    def __call__(self, step):
-        return blocks_to_features(self.windows(step))
+    def __call__(self, index):
+        if self.micro_batches == 1:
+            return blocks_to_features(self.windows(index))
+        step, part = divmod(int(index), self.micro_batches)
+        size = self.local_batch_size // self.micro_batches
+        starts = self.starts(step)[part * size : (part + 1) * size]
+        return blocks_to_features(
+            self.corpus.windows(self.split, starts, self.sequence_length + 1)
+        )
 
 
 def window_dataset(
@@ -209,10 +231,13 @@ def window_dataset(
     num_steps=None,
     process_index=0,
     process_count=1,
+    micro_batches=1,
 ):
     """A `grain.MapDataset` of `num_steps` batches, from global `start_step`.
 
-    Element `k` is `(x, y, sample_weight)` for global step `start_step + k`:
+    Element `k` is `(x, y, sample_weight)` for global step `start_step + k`
+    (with `micro_batches=N`: `num_steps * N` elements, element `k` being
+    micro-batch `k % N` of step `start_step + k // N`):
     `x = {"token_ids": int32 [b, L], "padding_mask": int32 [b, L] (ones)}`,
     `y = int32 [b, L]` (the next tokens), `sample_weight = float32 [b, L]`
     (ones), with `b = batch_size // process_count`. Random access: resuming
@@ -228,6 +253,8 @@ def window_dataset(
         num_steps: number of steps (batches) in the dataset.
         process_index: this process, in `[0, process_count)`.
         process_count: processes sharing each global batch (multi-host).
+        micro_batches: parts of each step, for gradient accumulation (the
+            batch size must divide by `process_count * micro_batches`).
 
     Raises:
         ValueError: the split is shorter than one window, or bad arguments.
@@ -256,6 +283,7 @@ def window_dataset(
         seed,
         process_index,
         process_count,
+        micro_batches,
     )
     start_step = _non_negative_int("window_dataset", "start_step", start_step)
     if num_steps is None:
@@ -263,9 +291,10 @@ def window_dataset(
             "Pass num_steps, the number of batches the dataset holds."
         )
     num_steps = _positive_int("window_dataset", "num_steps", num_steps)
-    return grain.MapDataset.range(start_step, start_step + num_steps).map(
-        sampler
-    )
+    parts = sampler.micro_batches
+    return grain.MapDataset.range(
+        start_step * parts, (start_step + num_steps) * parts
+    ).map(sampler)
 
 
 def validation_windows(corpus, sequence_length, count=None, split="validation"):

@@ -195,11 +195,15 @@ def metrics_at(scores, targets, tau, chunk=1024):
     }
 
 
-def held_out_blocks(causal_lm, data, sequence_length=None, max_tokens=4096):
+def held_out_blocks(
+    causal_lm, data, sequence_length=None, max_tokens=4096, text_field="text"
+):
     """`[n, L+1]` token blocks from `data`, at most `max_tokens` predicted
     positions. `data` is a path (a prepared data directory, whose
-    validation split is used, or a `.txt`/`.jsonl` file or directory), a list
-    of document strings, or an int array of packed blocks `[n, L+1]`."""
+    validation split is used, or a corpus `keras_mhf.data.read_documents`
+    reads: `.txt`, `.jsonl`, `.parquet`, a `datasets` save_to_disk folder,
+    a directory; `text_field` names the JSON field or column of text), a
+    list of document strings, or an int array of packed blocks `[n, L+1]`."""
     from keras_mhf.data import PreparedCorpus
     from keras_mhf.data import pack_documents
     from keras_mhf.data import read_documents
@@ -225,7 +229,7 @@ def held_out_blocks(causal_lm, data, sequence_length=None, max_tokens=4096):
             if tokenizer is not None:
                 corpus.check_tokenizer(tokenizer)
             return validation_windows(corpus, sequence_length, count=count)
-        documents = read_documents(str(data))
+        documents = read_documents(str(data), text_field=text_field)
     elif isinstance(data, (list, tuple)) and all(
         isinstance(d, str) for d in data
     ):
@@ -260,7 +264,12 @@ def held_out_blocks(causal_lm, data, sequence_length=None, max_tokens=4096):
 
 
 def calibrate(
-    causal_lm, data, batch_size=8, sequence_length=None, max_tokens=4096
+    causal_lm,
+    data,
+    batch_size=8,
+    sequence_length=None,
+    max_tokens=4096,
+    text_field="text",
 ):
     """Fits `causal_lm.scoring_temperature` on held-out text and sets it
     (`keras_mhf.evaluation.calibrate`; a function, not a method: calibration
@@ -275,12 +284,16 @@ def calibrate(
     Args:
         causal_lm: a `MultiHashFormerCausalLM`.
         data: held-out data: a prepared data directory (its validation
-            split), a `.txt`/`.jsonl` file or directory, a list of
-            documents, or an int array of token blocks `[n, L+1]`.
+            split), a corpus (`.txt`, `.jsonl`, `.parquet`, a `datasets`
+            save_to_disk folder, a directory; see
+            `keras_mhf.data.read_documents`), a list of documents, or an
+            int array of token blocks `[n, L+1]`.
         batch_size: blocks per forward pass.
         sequence_length: block length for text (default: the
             preprocessor's, at most 512).
         max_tokens: predicted positions used (at least 100).
+        text_field: the JSON field or Parquet/Arrow column of a corpus's
+            text.
 
     Returns:
         A report: `temperature`, `previous_temperature`, `tokens`, and
@@ -297,7 +310,9 @@ def calibrate(
     """
     if hasattr(causal_lm, "check_tokenizer"):
         causal_lm.check_tokenizer()
-    blocks = held_out_blocks(causal_lm, data, sequence_length, max_tokens)
+    blocks = held_out_blocks(
+        causal_lm, data, sequence_length, max_tokens, text_field
+    )
     if blocks.size == 0 or blocks.shape[1] < 2:
         raise ValueError("The calibration data is empty.")
     scores, targets = raw_scores(causal_lm, blocks, batch_size)

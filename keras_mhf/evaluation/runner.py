@@ -30,6 +30,7 @@ def evaluate_preset(
     on_error="fail",
     tasks=(),
     delimiter=None,
+    text_field="text",
 ):
     """Loads a MHF or Standard preset and runs the requested evaluations
     (the engine behind `keras-mhf evaluate`).
@@ -41,6 +42,10 @@ def evaluate_preset(
     (`keras_mhf.evaluation.task_formats`). `delimiter` joins prompts and
     continuations in every LAMBADA and multiple-choice file (`None`: `" "`,
     lm-eval's target delimiter).
+
+    `perplexity_files` are corpora as `keras_mhf.data.read_documents` reads
+    them (text, JSONL, Parquet, Arrow, `datasets` save_to_disk folders);
+    `text_field` names their JSON field or column of text.
 
     `on_error`: a bad line of a LAMBADA, multiple-choice or Card-660 file
     stops the evaluation naming its `file:line` (`"fail"`) or is left out
@@ -74,6 +79,8 @@ def evaluate_preset(
     }
     if delimiter is not None:
         settings["delimiter"] = delimiter
+    if text_field != "text":  # earlier results files were all "text"
+        settings["text_field"] = text_field
     task_files = _task_files(
         perplexity_files,
         lambada_files,
@@ -101,6 +108,7 @@ def evaluate_preset(
                     progress,
                     on_error,
                     delimiter,
+                    text_field,
                 )
                 if stream is not None:
                     stream.finish(metrics)
@@ -168,6 +176,7 @@ def _evaluate_task(
     progress,
     on_error,
     delimiter=None,
+    text_field="text",
 ):
     """One task of `evaluate_preset`: its metrics; per-example records go
     to `stream` (a `TaskResults`, or `None`)."""
@@ -197,7 +206,7 @@ def _evaluate_task(
 
         sp = spm.SentencePieceProcessor(model_proto=tokenizer.proto)
         blocks = pack_documents(
-            read_documents(path),
+            read_documents(path, text_field=text_field),
             sp.encode,
             tokenizer.start_token_id,
             sequence_length,

@@ -92,13 +92,15 @@ def run_settings(config, data):
     return settings | {"data": data.fingerprint}
 
 
-def _recorded_settings(settings):
+def recorded_settings(settings):
     """Settings as recorded, read as this version records them: runs of 0.1
-    record `mixed_precision` (a bool) where `precision` is now."""
+    record `mixed_precision` (a bool) where `precision` is now, and runs
+    before 0.3 accumulated no gradients (`gradient_accumulation_steps` 1)."""
+    settings = dict(settings)
     if "mixed_precision" in settings and "precision" not in settings:
-        settings = dict(settings)
         mixed = settings.pop("mixed_precision")
         settings["precision"] = "mixed_bfloat16" if mixed else "float32"
+    settings.setdefault("gradient_accumulation_steps", 1)
     return settings
 
 
@@ -124,7 +126,7 @@ def record_run(config, data):
     wanted = run_settings(config, data)
     if os.path.exists(path):
         try:
-            found = _recorded_settings(read_json(path)["settings"])
+            found = recorded_settings(read_json(path)["settings"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise RunConfigError(
                 f"{path} is unreadable ({error}); delete it only if "
@@ -281,7 +283,7 @@ class RunCheckpoints:
         directory, state = found
         _check_same_step_everywhere(state["step"])
         wanted = run_settings(config, data)
-        recorded = _recorded_settings(state["settings"])
+        recorded = recorded_settings(state["settings"])
         if recorded != wanted:
             raise RunConfigError(
                 f"{config.output_dir} holds a checkpoint (step {state['step']}"

@@ -96,8 +96,9 @@ class RunConfig:
     def __post_init__(self):
         for name in _PATHS:
             setattr(self, name, absolute_paths(getattr(self, name)))
-        if self.compilation_cache not in (None, "", "auto", "none"):
-            self.compilation_cache = absolute_paths(self.compilation_cache)
+        for name in ("compilation_cache", "tensorboard"):  # or a keyword
+            if getattr(self, name) not in (None, "", "auto", "none"):
+                setattr(self, name, absolute_paths(getattr(self, name)))
         if self.mixed_precision is True and self.precision == "float32":
             self.precision = "mixed_bfloat16"
         if self.lora_rank == 0 and not isinstance(self.lora_rank, bool):
@@ -168,6 +169,19 @@ class RunConfig:
                     "preset's"
                 )
         return problems
+
+
+def micro_batch_size(config):
+    """Windows per micro-batch (all processes together): the global batch
+    over `gradient_accumulation_steps`.
+
+    Example:
+
+    >>> micro_batch_size(RunConfig("d", "o", batch_size=256,
+    ...                            gradient_accumulation_steps=8))
+    32
+    """
+    return config.batch_size // config.gradient_accumulation_steps
 
 
 def process_layout():
@@ -248,10 +262,13 @@ def check_devices(config):
                 "--distribution data (or fsdp, or model) so that the "
                 "processes train one model."
             )
-        if config.batch_size % process_count:
+        parts = process_count * config.gradient_accumulation_steps
+        if config.batch_size % parts:
             raise RunConfigError(
                 f"--batch-size {config.batch_size} does not divide by the "
-                f"{process_count} processes; use a multiple of {process_count}."
+                f"{process_count} processes x "
+                f"{config.gradient_accumulation_steps} micro-batches; use a "
+                f"multiple of {parts}."
             )
     if config.distribution is None:
         return None
@@ -263,7 +280,17 @@ def check_devices(config):
         strategy = make_distribution(
             config.distribution, config.mesh, config=backbone_config(config)
         )
-        check_batch_size(config.batch_size, strategy)
+        # Each fit step is one micro-batch, split over the devices.
+        micro = micro_batch_size(config)
+        check_batch_size(
+            micro,
+            strategy,
+            f"the micro-batch of {micro} windows (--batch-size "
+            f"{config.batch_size} / --gradient-accumulation-steps "
+            f"{config.gradient_accumulation_steps})"
+            if config.gradient_accumulation_steps > 1
+            else None,
+        )
         if process_count > 1:
             check_model_axis(strategy, _local_device_count())
     except ValueError as error:
@@ -344,6 +371,24 @@ def compilation_cache_directory(config):
     if setting == "auto":
         return config.path("compilation_cache")
     return os.fspath(setting)
+
+
+def tensorboard_directory(config):
+    """Where a run writes its TensorBoard event files:
+    `OUTPUT/tensorboard` for `tensorboard="auto"`, the given directory, or
+    `None` (`"none"`: no event files).
+
+    Example:
+
+    ```python
+    tensorboard_directory(RunConfig("d", "runs/mhf"))  # ".../runs/mhf/tensorboard"
+    ```
+    """
+    if config.tensorboard in (None, "", "none"):
+        return None
+    if config.tensorboard == "auto":
+        return config.path("tensorboard")
+    return os.fspath(config.tensorboard)
 
 
 @contextlib.contextmanager

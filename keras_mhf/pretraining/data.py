@@ -295,7 +295,11 @@ def _prepare_raw_text(config):
                     return validation_score(text) < fraction
 
             sample = tokenizer_training_sample(
-                read_documents(config.data, on_error=config.on_error),
+                read_documents(
+                    config.data,
+                    on_error=config.on_error,
+                    text_field=config.text_field,
+                ),
                 exclude=exclude,
             )
             train_sentencepiece(sample, config.vocabulary_size, tokenizer_path)
@@ -314,6 +318,7 @@ def _prepare_raw_text(config):
             workers=config.workers,
             on_error=config.on_error,
             progress=bool(config.verbose),
+            text_field=config.text_field,
         )
     except ValueError as error:
         raise RunConfigError(

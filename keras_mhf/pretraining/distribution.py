@@ -222,12 +222,14 @@ def batch_axis_size(distribution):
     return mesh.shape[mesh.axis_names.index(name)]
 
 
-def check_batch_size(batch_size, distribution):
-    """Every batch must divide the batch axis; say so before XLA does."""
+def check_batch_size(batch_size, distribution, what=None):
+    """Every batch must divide the batch axis; say so before XLA does.
+    `what`: how the message names the batch (default `batch_size=N`)."""
     parts = batch_axis_size(distribution)
     if batch_size % parts:
         raise ValueError(
-            f"batch_size={batch_size} does not divide the {parts}-way batch "
+            f"{what or f'batch_size={batch_size}'} does not divide the "
+            f"{parts}-way batch "
             f"axis of the device mesh. Use a multiple of {parts} (the "
             "pre-training recipe drops no data: every step has exactly "
             "batch_size sequences)."

@@ -33,7 +33,7 @@ FINETUNE_DEFAULTS = finetune_defaults()
 ADAPTER_FILE = "adapter.lora.h5"
 
 
-def finetune(preset, data, output_dir, **settings):
+def finetune(preset, data, output_dir, callbacks=None, **settings):
     """Fine-tunes the model of `preset` on `data` with LoRA of rank
     `lora_rank` (default 8; `None` or 0: every weight trains).
 
@@ -45,6 +45,7 @@ def finetune(preset, data, output_dir, **settings):
             or a corpus prepared with the preset's tokenizer.
         output_dir: checkpoints, logs, `summary.json`, `before.json`,
             `preset/` (merged) and `adapter.lora.h5`.
+        callbacks: Keras callbacks for training, as `pretrain`'s.
         **settings: the fields of `RunConfig` (the settings of
             `keras-mhf finetune --help`): `lora_rank` (adapters' rank >= 1,
             or `None`/0 for full fine-tuning), `train_tables` (also train
@@ -72,7 +73,9 @@ def finetune(preset, data, output_dir, **settings):
     ```
     """
     settings = {**FINETUNE_DEFAULTS, **settings}
-    lm, summary = pretrain(data, output_dir, initial_preset=preset, **settings)
+    lm, summary = pretrain(
+        data, output_dir, callbacks, initial_preset=preset, **settings
+    )
     adapters_alone = summary.get("lora_rank") and not summary["train_tables"]
     if summary.get("finished") and adapters_alone:
         if is_primary():

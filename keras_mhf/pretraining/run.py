@@ -20,12 +20,15 @@ from keras_mhf.pretraining.config import RunConfig
 from keras_mhf.pretraining.config import check_devices
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import run_scope
+from keras_mhf.pretraining.config import tensorboard_directory
 from keras_mhf.pretraining.config import writing_alone
 from keras_mhf.pretraining.data import load_data
 from keras_mhf.pretraining.distribution import whole_weights
 from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.logs import plot_log
 from keras_mhf.pretraining.logs import write_log_row
+from keras_mhf.pretraining.training_curves import open_curves
+from keras_mhf.pretraining.training_curves import write_validation_point
 from keras_mhf.pretraining.validation import describe
 from keras_mhf.pretraining.validation import initial_validation
 from keras_mhf.pretraining.validation import validate_final_model
@@ -234,7 +237,7 @@ def _terminate_as_exit():
         signal.signal(signal.SIGTERM, previous)
 
 
-def pretrain(data, output_dir, **settings):
+def pretrain(data, output_dir, callbacks=None, **settings):
     """Trains a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
     Args:
@@ -245,6 +248,12 @@ def pretrain(data, output_dir, **settings):
         output_dir: where the checkpoints (`checkpoints/`), `log.csv`,
             `loss.png`, `summary.json`, the final preset (`preset/`) and, for
             raw text, the prepared data and trained tokenizer go.
+        callbacks: Keras callbacks for training, passed to `fit` with the
+            run's own: `fit` is called once per chunk of `checkpoint_every`
+            optimizer steps (so `on_train_begin`/`on_train_end` come once per
+            chunk, and batch numbers count from 0 in each), with
+            `gradient_accumulation_steps` batches per optimizer step. Not a
+            setting: a settings file cannot give them.
         **settings: the fields of `RunConfig` (its docstring describes
             each; `keras_mhf.settings.RUN_SETTINGS` declares them). A
             settings file gives them too:
@@ -308,7 +317,7 @@ def pretrain(data, output_dir, **settings):
         existing = _entries(config.output_dir) - {LOCK_FILE}
         stack.enter_context(_terminate_as_exit())
         try:
-            lm, summary = _run(config, distribution)
+            lm, summary = _run(config, distribution, callbacks or ())
         except BaseException as error:
             # A run refused for its settings or data (raised before
             # training) writes nothing; every other exit is summarised.
@@ -347,7 +356,7 @@ def _remove_new_entries(directory, existing):
                 os.remove(path)
 
 
-def _train(config):
+def _train(config, callbacks):
     """Steps "data" to "checkpoint" (see the package docstring): `(lm,
     the run's data, the step reached)`."""
     run_data = load_data(config)
@@ -360,6 +369,20 @@ def _train(config):
     checkpoints = RunCheckpoints.of(config)
     step = checkpoints.resume(lm, run_data)
     validate_initial_model(config, lm, run_data, step)  # a preset's
+    directory = tensorboard_directory(config)
+    with contextlib.ExitStack() as stack:
+        curves = None
+        if directory is not None and is_primary() and step < config.steps:
+            curves = open_curves(directory, step)
+            stack.callback(curves.close)
+        step = _train_chunks(config, lm, run_data, step, callbacks, curves)
+    return lm, run_data, step
+
+
+def _train_chunks(config, lm, run_data, step, callbacks, curves):
+    """Step "one chunk", "log" and "checkpoint" until `config.steps` (or a
+    hook's stop); returns the step reached."""
+    checkpoints = RunCheckpoints.of(config)
     started = time.time()
     chunks = 0
     while step < config.steps:
@@ -372,8 +395,13 @@ def _train(config):
             (step // config.checkpoint_every + 1) * config.checkpoint_every,
         )
         # Looked up at call time: a test replaces it to poison a chunk.
-        history = training.train_chunk(config, lm, run_data, step, last)
+        history = training.train_chunk(
+            config, lm, run_data, step, last, callbacks, curves
+        )
         row = write_log_row(config, lm, run_data, history, last, started)
+        if curves is not None:  # on disk before the checkpoint commits
+            write_validation_point(curves, row)
+            curves.flush()
         checkpoints.save(
             lm,
             run_data,
@@ -382,16 +410,16 @@ def _train(config):
             validation_loss=row["val_loss"],
         )
         step, chunks = last, chunks + 1
-    return lm, run_data, step
+    return step
 
 
-def _run(config, distribution):
+def _run(config, distribution, callbacks):
     """The steps of `pretrain` (see the package docstring), under the
     output's lock; returns `(lm, summary)`."""
     checkpoints = RunCheckpoints.of(config)
     with run_scope(config, distribution):
         try:
-            lm, run_data, step = _train(config)
+            lm, run_data, step = _train(config, callbacks)
             # Every checkpoint is committed before the final steps.
             checkpoints.close()
         except BaseException:

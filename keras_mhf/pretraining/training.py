@@ -19,18 +19,25 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
 )
 from keras_mhf.models.standard.standard_causal_lm import standard_causal_lm
 from keras_mhf.optimizers import BiasCorrectedAdamW
+from keras_mhf.optimizers import OptimizerStepSchedule
 from keras_mhf.pretraining.checkpoints import RunCheckpoints
 from keras_mhf.pretraining.config import is_primary
 from keras_mhf.pretraining.config import process_layout
 from keras_mhf.pretraining.errors import NonFiniteLossError
 from keras_mhf.pretraining.presets import load_initial_model
+from keras_mhf.pretraining.training_curves import TrainingCurves
 from keras_mhf.settings.rules import OPTIMIZERS
 from keras_mhf.utils import hooks
 from keras_mhf.utils.progress import Progress
 
 
 def make_optimizer(
-    learning_rate, total_steps, warmup_steps, weight_decay=0.1, name="adamw"
+    learning_rate,
+    total_steps,
+    warmup_steps,
+    weight_decay=0.1,
+    name="adamw",
+    gradient_accumulation_steps=1,
 ):
     """AdamW, linear warmup then cosine decay to 0, global-norm clipping 1.0,
     weight decay on kernels and tables only (not on norms or biases): the
@@ -39,27 +46,31 @@ def make_optimizer(
     `"keras_adamw"` is Keras' `AdamW` (epsilon before the correction, our
     runs before 0.2).
 
+    `gradient_accumulation_steps=N > 1`: each call of the optimizer is one
+    micro-batch; every `N`th applies the mean of the `N` gradients, clipped
+    as a whole, with one weight decay (Keras' own accumulation), and the
+    schedule counts optimizer steps (`OptimizerStepSchedule`): one step of
+    `N` micro-batches of `b` windows is one step of `N * b` windows.
+
     Example:
 
     ```python
     optimizer = make_optimizer(2e-3, total_steps=300, warmup_steps=30)
     ```
     """
-    warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
-    schedule = keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0,
-        decay_steps=max(total_steps - warmup_steps, 1),
-        warmup_target=learning_rate,
-        warmup_steps=warmup_steps,
-        alpha=0.0,
-    )
+    schedule = learning_rate_schedule(learning_rate, total_steps, warmup_steps)
     if name not in OPTIMIZERS:
         raise ValueError(
             f"Unknown optimizer {name!r}: use one of {sorted(OPTIMIZERS)}."
         )
+    if gradient_accumulation_steps > 1:
+        schedule = OptimizerStepSchedule(schedule, gradient_accumulation_steps)
     kind = BiasCorrectedAdamW if name == "adamw" else keras.optimizers.AdamW
     optimizer = kind(
         learning_rate=schedule,
+        gradient_accumulation_steps=gradient_accumulation_steps
+        if gradient_accumulation_steps > 1
+        else None,
         weight_decay=weight_decay,
         beta_1=0.9,
         beta_2=0.999,
@@ -68,6 +79,28 @@ def make_optimizer(
     )
     optimizer.exclude_from_weight_decay(var_names=["bias", "scale"])
     return optimizer
+
+
+def learning_rate_schedule(learning_rate, total_steps, warmup_steps):
+    """Linear warmup from 0 to `learning_rate`, then cosine decay to 0 at
+    `total_steps`, over optimizer steps (0-based: step `t`'s update uses
+    `schedule(t)`); a warmup as long as the run is shortened to
+    `total_steps - 1` steps.
+
+    Example:
+
+    >>> schedule = learning_rate_schedule(1e-3, total_steps=100, warmup_steps=10)
+    >>> round(float(keras.ops.convert_to_numpy(schedule(10))), 6)
+    0.001
+    """
+    warmup_steps = min(warmup_steps, max(total_steps - 1, 0))
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0,
+        decay_steps=max(total_steps - warmup_steps, 1),
+        warmup_target=learning_rate,
+        warmup_steps=warmup_steps,
+        alpha=0.0,
+    )
 
 
 def build_model(
@@ -179,6 +212,7 @@ def build_run_model(config, tokenizer):
         config.warmup_steps,
         config.weight_decay,
         config.optimizer,
+        config.gradient_accumulation_steps,
     )
     lm.compile(optimizer=optimizer)
     return lm
@@ -190,7 +224,8 @@ class StepProgress(keras.callbacks.Callback):
     place of Keras' per-step progress bar (`\\r` and colour codes).
 
     Args:
-        progress: the `Progress` to update with the batches done.
+        progress: the `Progress` to update with the optimizer steps done.
+        micro_batches: `fit` batches per optimizer step.
 
     Example:
 
@@ -201,12 +236,13 @@ class StepProgress(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, progress):
+    def __init__(self, progress, micro_batches=1):
         super().__init__()
         self.progress = progress
+        self.micro_batches = micro_batches
 
     def on_train_batch_end(self, batch, logs=None):
-        self.progress.update(batch + 1)
+        self.progress.update((batch + 1) // self.micro_batches)
 
     def on_train_end(self, logs=None):
         self.progress.close()
@@ -218,6 +254,10 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 
     Args:
         first_step: the global step before the first batch of this `fit`.
+        micro_batches: `fit` batches per optimizer step (gradient
+            accumulation): the step of batch `b` (0-based) is
+            `first_step + b // micro_batches + 1`, and `"train_step"` hook
+            events come once per optimizer step.
 
     Example:
 
@@ -229,17 +269,20 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, first_step):
+    def __init__(self, first_step, micro_batches=1):
         super().__init__()
         self.first_step = first_step
+        self.micro_batches = micro_batches
         self.step = None
         self.loss = None
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.first_step + batch + 1
-        # `callback`, not `self.model`: reading `.model` syncs JAX's state
-        # into the variables, which a hook does only when it needs them.
-        hooks.event("train_step", step=step, callback=self)
+        step = self.first_step + batch // self.micro_batches + 1
+        if (batch + 1) % self.micro_batches == 0:
+            # `callback`, not `self.model`: reading `.model` syncs JAX's
+            # state into the variables, which a hook does only when it
+            # needs them.
+            hooks.event("train_step", step=step, callback=self)
         loss = (logs or {}).get("loss")
         if loss is None:
             return
@@ -281,12 +324,19 @@ def chunk_steps(config, chunk):
     return first, min(config.steps, first + config.checkpoint_every)
 
 
-def train_chunk(config, lm, data, first, last):
+def train_chunk(config, lm, data, first, last, callbacks=(), curves=None):
     """Step "one chunk": one `fit` call over the windows of global steps
     `(first, last]` (`window_dataset` from `first`); returns the history.
 
     Each process of a multi-process job reads only its own rows of every
-    global batch.
+    global batch. With `config.gradient_accumulation_steps = N`, `fit` runs
+    `N` micro-batches per optimizer step (`N * (last - first)` batches).
+
+    Args:
+        callbacks: more Keras callbacks for this `fit` call (`pretrain`'s
+            `callbacks=`).
+        curves: the run's TensorBoard writer (`training_curves.open_curves`)
+            or `None`.
 
     Raises:
         NonFiniteLossError: the loss became NaN or infinite; training
@@ -302,6 +352,7 @@ def train_chunk(config, lm, data, first, last):
     if config.verbose:
         print(f"Steps {first + 1}-{last} of {config.steps}")
     process_index, process_count = process_layout()
+    parts = config.gradient_accumulation_steps
     dataset = window_dataset(
         data.corpus,
         "train",
@@ -312,15 +363,33 @@ def train_chunk(config, lm, data, first, last):
         num_steps=last - first,
         process_index=process_index,
         process_count=process_count,
+        micro_batches=parts,
     ).to_iter_dataset(loader_options())
-    guard = StopOnNonFiniteLoss(first)
-    callbacks = [guard]
+    guard = StopOnNonFiniteLoss(first, parts)
+    callbacks = [guard, *callbacks]
+    if curves is not None:
+        schedule = learning_rate_schedule(
+            config.learning_rate, config.steps, config.warmup_steps
+        )
+        callbacks.append(
+            TrainingCurves(
+                curves,
+                first,
+                last,
+                config.log_every,
+                parts,
+                config.batch_size * config.sequence_length,
+                lambda step: float(
+                    keras.ops.convert_to_numpy(schedule(step - 1))
+                ),
+            )
+        )
     verbose = config.verbose if is_primary() else 0
     if verbose and not sys.stdout.isatty():
         # Keras' bar rewrites one line per step: lines, not the bar, in logs.
         label = f"steps {first + 1}-{last} of {config.steps}"
         progress = Progress(label, last - first, "steps", enabled=True)
-        callbacks.append(StepProgress(progress))
+        callbacks.append(StepProgress(progress, parts))
         verbose = 0
     preprocessor = lm.preprocessor
     lm.preprocessor = None  # the dataset yields token ids
@@ -328,7 +397,7 @@ def train_chunk(config, lm, data, first, last):
         history = lm.fit(
             dataset,
             epochs=1,
-            steps_per_epoch=last - first,
+            steps_per_epoch=(last - first) * parts,
             shuffle=False,
             verbose=verbose,
             callbacks=callbacks,

@@ -120,6 +120,13 @@ def fraction(setting, value, values):
     return None
 
 
+def name(setting, value, values):
+    """A non-empty string (e.g. a field or column name)."""
+    if not isinstance(value, str) or not value:
+        return f"{setting.label} must be a non-empty name, got {value!r}"
+    return None
+
+
 def spelled(choices):
     """`'a', 'b' or 'c'`."""
     names = [repr(c) for c in choices if c is not None]
@@ -228,11 +235,27 @@ def mesh(setting, value, values):
     return None
 
 
-def compilation_cache(setting, value, values):
+def directory_or_keyword(setting, value, values):
+    """A directory, `"auto"` (a default place in the output) or `"none"`."""
     if value is not None and not isinstance(value, (str, os.PathLike)):
         return (
             f"{setting.flag} must be a directory, 'auto' or 'none', "
             f"got {value!r}"
+        )
+    return None
+
+
+def gradient_accumulation(setting, value, values):
+    """An integer >= 1 that divides the global batch (each micro-batch is
+    `batch_size / value` windows)."""
+    if not (is_int(value) and value >= 1):
+        return f"{setting.flag} must be an integer >= 1, got {value!r}"
+    batch = values.batch_size
+    if is_int(batch) and batch >= 1 and batch % value:
+        return (
+            f"--batch-size {batch} does not split into {setting.flag} "
+            f"{value} equal micro-batches; use a batch size that is a "
+            f"multiple of {value}"
         )
     return None
 

@@ -38,7 +38,8 @@ RUN_SETTINGS = (
         PATHS,
         None,
         "a prepared corpus directory (index.json, from `keras-mhf "
-        "prepare`), or raw text: .txt/.jsonl/.jsonl.gz files, directories "
+        "prepare`), or raw text: .txt/.jsonl/.jsonl.gz/.jsonl.zst/.txt.zst/"
+        ".parquet/.arrow files, `datasets` save_to_disk folders, directories "
         "or glob patterns, prepared into OUTPUT/data first (for finetune, "
         "with the preset's tokenizer)",
         rule=rules.required(": a prepared directory or text"),
@@ -173,6 +174,16 @@ RUN_SETTINGS = (
         recorded="value",
     ),
     Setting(
+        "gradient_accumulation_steps",
+        int,
+        1,
+        "micro-batches per optimizer step: --batch-size stays the global "
+        "batch, computed in this many parts one after another (the same "
+        "step, in the memory of one part)",
+        rule=rules.gradient_accumulation,
+        recorded="value",
+    ),
+    Setting(
         "steps",
         int,
         300,
@@ -290,6 +301,28 @@ RUN_SETTINGS = (
         group=RUN,
     ),
     Setting(
+        "log_every",
+        int,
+        10,
+        "steps between the points of the TensorBoard training curves (the "
+        "loss is the mean over the steps since the last point)",
+        rule=rules.integer(1),
+        group=RUN,
+    ),
+    Setting(
+        "tensorboard",
+        str,
+        "auto",
+        "TensorBoard event files of per-step training curves and of each "
+        "checkpoint's validation; 'auto' is OUTPUT/tensorboard, 'none' "
+        "(--no-tensorboard) turns them off",
+        metavar="DIR",
+        aliases={"--no-tensorboard": "none"},
+        rule=rules.directory_or_keyword,
+        none_spelling="none",
+        group=RUN,
+    ),
+    Setting(
         "workers",
         int,
         None,
@@ -302,11 +335,22 @@ RUN_SETTINGS = (
         "on_error",
         str,
         "fail",
-        "raw text only: a bad line (not UTF-8, invalid JSON, no string "
-        "'text', a cut-short .gz) stops the run with its file:line (fail) "
-        "or is skipped with a warning (skip)",
+        "raw text only: a bad line or row (not UTF-8, invalid JSON, no "
+        "string text, a null, a cut-short .gz or .zst) stops the run with "
+        "its file:line (fail) or is skipped with a warning (skip)",
         choices=rules.ON_ERROR,
         rule=rules.one_of,
+        group=RUN,
+    ),
+    Setting(
+        "text_field",
+        str,
+        "text",
+        "raw text only: the JSON field (.jsonl) or Parquet/Arrow column that "
+        "holds the text; OUTPUT/data records it, so a rerun with another one "
+        "is refused",
+        metavar="NAME",
+        rule=rules.name,
         group=RUN,
     ),
     Setting(
@@ -327,7 +371,7 @@ RUN_SETTINGS = (
         "resumed run starts training within seconds; 'auto' is "
         "OUTPUT/compilation_cache, 'none' turns it off",
         metavar="DIR",
-        rule=rules.compilation_cache,
+        rule=rules.directory_or_keyword,
         none_spelling="none",
         group=RUN,
     ),

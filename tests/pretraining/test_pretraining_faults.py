@@ -442,8 +442,8 @@ def test_non_finite_weights_are_never_checkpointed(
     real_train_chunk = training.train_chunk
     poisoned = []
 
-    def poisoning_train_chunk(config, lm, data, first, last):
-        history = real_train_chunk(config, lm, data, first, last)
+    def poisoning_train_chunk(config, lm, data, first, last, *rest):
+        history = real_train_chunk(config, lm, data, first, last, *rest)
         if last == 2:  # a value turns NaN while the loss stays finite
             if target == "weight":
                 variable = lm.backbone.trainable_weights[0]

@@ -14,6 +14,7 @@ from keras_mhf.cli import pretrain as pretrain_cli
 from keras_mhf.cli.common import run_settings_from
 from keras_mhf.pretraining import RunConfig
 from keras_mhf.pretraining import run_settings
+from keras_mhf.pretraining.checkpoints import recorded_settings
 from keras_mhf.settings import RUN_SETTINGS
 from keras_mhf.settings import SettingsFileError
 from keras_mhf.settings import read_settings_file
@@ -210,6 +211,7 @@ def test_a_resume_matches_the_settings_earlier_runs_recorded():
         "signature_rule",
         "sequence_length",
         "batch_size",
+        "gradient_accumulation_steps",
         "steps",
         "seed",
         "precision",
@@ -217,6 +219,12 @@ def test_a_resume_matches_the_settings_earlier_runs_recorded():
     }
     config = RunConfig("d", "o", mixed_precision=True)
     assert run_settings(config, data)["precision"] == "mixed_bfloat16"
+    # Runs before 0.3 recorded no accumulation: they resume as 1.
+    recorded = dict(run_settings(RunConfig("d", "o"), data))
+    del recorded["gradient_accumulation_steps"]
+    assert recorded_settings(recorded) == run_settings(
+        RunConfig("d", "o"), data
+    )
 
 
 def test_every_run_config_setting_is_checked():
