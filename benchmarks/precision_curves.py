@@ -81,16 +81,13 @@ def train(workdir, precision, steps):
     import keras
 
     from keras_mhf.pretraining import pretrain
-    from keras_mhf.pretraining import training
 
     record = []
-    recorded = training.StopOnNonFiniteLoss.on_train_batch_end
 
-    def on_train_batch_end(self, batch, logs=None):
-        record.append((batch, float(np.asarray((logs or {})["loss"]))))
-        return recorded(self, batch, logs)
+    class Record(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            record.append((batch, float(np.asarray((logs or {})["loss"]))))
 
-    training.StopOnNonFiniteLoss.on_train_batch_end = on_train_batch_end
     output = os.path.join(workdir, f"{keras.config.backend()}_{precision}")
     shutil.rmtree(output, ignore_errors=True)  # a fresh run, every step
     _, summary = pretrain(
@@ -100,6 +97,7 @@ def train(workdir, precision, steps):
         precision=precision,
         steps=steps,
         checkpoint_every=max(steps // 4, 1),
+        callbacks=[Record()],
         **SETTINGS,
     )
     result = dict(

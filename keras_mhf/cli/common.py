@@ -116,16 +116,25 @@ def run_settings_from(parser, args, command):
     return values
 
 
-def run_reporting_errors(parser, run):
+def run_reporting_errors(parser, run, verbose=1):
     """Calls `run()` (a `pretrain` or `finetune` call) and returns its
     summary; a refused run exits with status 2 (`parser.error`), a failed
-    one with status 1 and one line naming the error, never a traceback."""
+    one with status 1 and one line naming the error, never a traceback.
+    Unless `verbose` is 0, the first line printed names the backend."""
+    import keras
+
     from keras_mhf.pretraining import CheckpointError
     from keras_mhf.pretraining import DiskFullError
     from keras_mhf.pretraining import NonFiniteTrainingError
     from keras_mhf.pretraining import OutputLockedError
     from keras_mhf.pretraining import RunConfigError
 
+    if verbose:
+        print(
+            f"{parser.prog}: Keras backend {keras.config.backend()} "
+            "(KERAS_BACKEND=jax|tensorflow|torch chooses it; jax by default)",
+            flush=True,
+        )
     try:
         _, summary = run()
     except RunConfigError as error:

@@ -60,6 +60,7 @@ def main(argv=None, prog=None):
             settings.pop("output_dir"),
             **settings,
         ),
+        settings.get("verbose", 1),
     )
     print(json.dumps(summary, indent=2))
     if summary.get("before") and summary.get("validation"):

@@ -109,7 +109,9 @@ def main(argv=None, prog=None):
 
     show_progress(settings.get("verbose", 1) != 0)  # the final calibration's
 
-    summary = run_reporting_errors(parser, lambda: pretrain(**settings))
+    summary = run_reporting_errors(
+        parser, lambda: pretrain(**settings), settings.get("verbose", 1)
+    )
     print(json.dumps(summary, indent=2))
     return summary
 

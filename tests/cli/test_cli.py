@@ -175,6 +175,32 @@ def test_a_command_prints_no_tensorflow_start_up_lines():
     assert done.stderr == ""
 
 
+def test_the_command_runs_on_jax_unless_told_otherwise(tmp_path):
+    """Keras' own default (TensorFlow, from keras.json) is not the command's:
+    it runs on JAX unless KERAS_BACKEND says otherwise, as the docs say, and
+    `pretrain` names the backend on its first line."""
+    if shutil.which("keras-mhf") is None:
+        pytest.skip("the keras-mhf console script is not installed")
+    keras_home = tmp_path / "keras_home"
+    keras_home.mkdir()
+    (keras_home / "keras.json").write_text('{"backend": "tensorflow"}')
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    env["KERAS_HOME"] = str(keras_home)
+    command = ["keras-mhf", "pretrain", "--data", "missing.jsonl", "--output"]
+    done = subprocess.run(
+        command + [str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stdout.splitlines()[0].startswith(
+        "keras-mhf pretrain: Keras backend jax"
+    ), done.stdout
+    assert "missing.jsonl" in done.stderr
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """`(root, preset)`: `keras-mhf prepare` then `keras-mhf pretrain` of a
