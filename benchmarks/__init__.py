@@ -5,6 +5,8 @@ library: it runs from a checkout); each module's `--help` gives its options,
 its docstring the commands that wrote the committed results in
 `benchmarks/results/`:
 
+- `accumulation_memory`: peak training memory of gradient accumulation
+  against the micro-batch's: `python -m benchmarks.accumulation_memory`.
 - `accelerator_check`: MHF against Standard at the paper's 100M shape on a
   GPU or TPU (the accelerator run-book): `bash
   benchmarks/accelerator_check.sh`, which installs what is missing and runs

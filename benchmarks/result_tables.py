@@ -477,6 +477,127 @@ def read_markdown_table(path):
     return rows
 
 
+# --- gradient accumulation's memory (benchmarks.accumulation_memory) ---
+
+ACCUMULATION_HEADER = [
+    "batch",
+    "N",
+    "micro-batch",
+    "step peak MB",
+    "/ batch 8, N 1",
+    "first chunk peak MB",
+    "total peak MB",
+    "weights MB",
+    "AdamW state MB",
+    "accumulators MB",
+]
+
+
+def accumulation_memory_rows(rows):
+    """The rows of `benchmarks.accumulation_memory`'s table: per `(batch,
+    N)`, the step's peak RSS growth and its ratio, the first chunk's
+    (compiling included), the process's peak, the state's sizes and, where
+    measured, XLA's temporaries; a row that failed shows why."""
+    xla = any("xla_temp_mb" in r for r in rows)
+    table = []
+    for r in rows:
+        if r.get("failed"):
+            blanks = [""] * (len(ACCUMULATION_HEADER) - 4 + xla)
+            table.append(
+                [r["batch"], r["micro_batches"], "", r["failed"], *blanks]
+            )
+            continue
+        ratio = r.get("ratio")
+        cells = [
+            r["batch"],
+            r["micro_batches"],
+            r["micro_batch"],
+            f"{r['step_peak_mb']:,.0f}",
+            f"**{ratio:.2f}**" if ratio is not None else "",
+            f"{r['first_chunk_peak_mb']:,.0f}",
+            f"{r['total_peak_mb']:,.0f}",
+            f"{r['weights_mb']:.1f}",
+            f"{r['optimizer_state_mb']:.1f}",
+            f"{r['accumulators_mb']:.1f}",
+        ]
+        if xla:
+            cells.append(
+                f"{r['xla_temp_mb']:,.0f}" if "xla_temp_mb" in r else ""
+            )
+        table.append(cells)
+    return table
+
+
+def accumulation_memory_table(rows):
+    """`benchmarks.accumulation_memory`'s Markdown table of its `rows`."""
+    header = list(ACCUMULATION_HEADER)
+    if any("xla_temp_mb" in r for r in rows):
+        header.append("XLA temporaries MB")
+    return markdown_table(header, accumulation_memory_rows(rows))
+
+
+def accumulation_memory_caption(settings, backend):
+    """What `benchmarks.accumulation_memory`'s table measured (its
+    `settings`, on `backend`)."""
+    flag = {
+        "jax": "; XLA flag `--xla_cpu_enable_concurrency_optimized_"
+        "scheduler=false`",
+        "torch": "; `MALLOC_MMAP_THRESHOLD_=65536`",
+    }.get(backend, "")
+    xla = (
+        " XLA temporaries: the compiled train step's buffers for one "
+        "micro-batch (activations, gradients)."
+        if backend == "jax"
+        else ""
+    )
+    return (
+        f"`{settings['architecture']}` (float32, blocks not rematerialised), "
+        f"sequence {settings['sequence_length']}, a run's model, optimizer "
+        "and loader (`build_run_model`, `train_chunk`), each row in a fresh "
+        "process; batch = windows per optimizer step, N = micro-batches per "
+        "step. Step peak: peak RSS growth over the built model during "
+        f"{settings['steps']} optimizer step"
+        + ("s" if settings["steps"] != 1 else "")
+        + " after a first one (the peak mark reset in between); first "
+        "chunk: the same for that first step (compiling included, on JAX); "
+        "total: the process's peak RSS. "
+        "Ratio: step peak over the batch-8, N-1 row's, measured in the same "
+        f"run (target for batch 64, N 8: <= 1.15). Weights, AdamW state and "
+        f"accumulators: their variables' bytes.{xla} CPU, 2 shared cores"
+        f"{flag}."
+    )
+
+
+def accumulation_memory_summary(rows):
+    """One sentence on `benchmarks.accumulation_memory`'s `rows`: each
+    accumulated row's ratio, and the accumulators against the base row's
+    step peak."""
+    done = [r for r in rows if not r.get("failed") and "ratio" in r]
+    base = next((r for r in done if r["ratio"] == 1.0), None)
+    if base is None:
+        return ""
+    parts = [
+        f"batch {r['batch']} in {r['micro_batches']} micro-batch"
+        + ("es" if r["micro_batches"] > 1 else "")
+        + f" takes {r['ratio']:.2f}x the step memory of batch {base['batch']}"
+        for r in done
+        if r is not base
+    ]
+    accumulated = [r for r in done if r["accumulators_mb"] > 0]
+    text = "; ".join(parts) + "." if parts else ""
+    if parts:
+        text = text[0].upper() + text[1:]
+    if accumulated:
+        r = accumulated[0]
+        text += (
+            f" The accumulators (one float32 copy of the trainable weights) "
+            f"are {r['accumulators_mb']:.1f} MB, "
+            f"{r['accumulators_mb'] / base['step_peak_mb']:.1%} of batch "
+            f"{base['batch']}'s step peak."
+        )
+    return text.strip()
+
+
 # --- quantization quality (benchmarks.quantization_quality) ---
 
 QUALITY_HEADER = [

@@ -7,10 +7,11 @@ benchmarks/results.
 
 The tables are computed from the JSON files that `benchmarks.benchmark`,
 `benchmarks.benchmark_data`, `benchmarks.benchmark_evaluation`,
-`benchmarks.evaluation_at_scale` and `benchmarks.quantization_quality`
-write, by the functions of `benchmarks.result_tables` that write those
-scripts' own reports. `benchmarks.head_memory` writes only Markdown tables,
-so the training-memory section reads those (`head_memory_100m_*.md`). The
+`benchmarks.evaluation_at_scale`, `benchmarks.quantization_quality` and
+`benchmarks.accumulation_memory` write, by the functions of
+`benchmarks.result_tables` that write those scripts' own reports.
+`benchmarks.head_memory` writes only Markdown tables, so the
+training-memory section reads those (`head_memory_100m_*.md`). The
 prose around the tables is the template in this file; `tests/test_docs.py`
 checks that docs/performance.md is what this module writes now. Rerun it
 after committing a new measurement.
@@ -306,6 +307,47 @@ def memory_section():
     return out
 
 
+# --- gradient accumulation's memory (benchmarks.accumulation_memory) ---
+
+
+def accumulation_section():
+    names = [
+        (backend, f"accumulation_memory_{backend}.json")
+        for backend in BACKENDS
+        if _exists(f"accumulation_memory_{backend}.json")
+    ]
+    if not names:
+        return []
+    out = [
+        "## Gradient accumulation's memory",
+        "",
+        "With `--gradient-accumulation-steps N`, `fit` trains micro-batches "
+        "of `batch / N` windows and the optimizer applies their mean "
+        "gradient every `N`th: a step's peak memory should follow the "
+        "micro-batch, plus one float32 copy of the trainable weights (the "
+        "accumulators). Batch 64 in 8 micro-batches against batch 8 (and "
+        "batch 64 in one) on the same model, each in a fresh process. "
+        "`python -m benchmarks.accumulation_memory`, once per backend.",
+    ]
+    for backend, name in names:
+        data = _load(name)
+        rows = data["results"]
+        out += [
+            "",
+            f"### {BACKEND_NAMES[backend]}",
+            "",
+            result_tables.accumulation_memory_caption(
+                data["settings"], backend
+            ),
+            "",
+            *result_tables.accumulation_memory_table(rows),
+            "",
+            f"{result_tables.accumulation_memory_summary(rows)} "
+            f"Measured in {_link(name)}.",
+        ]
+    return out
+
+
 # --- inference against V (benchmarks.benchmark --inference ...) ---
 
 
@@ -560,6 +602,7 @@ def render():
     for section in (
         training_section,
         memory_section,
+        accumulation_section,
         vocabulary_section,
         scoring_section,
         fallback_section,

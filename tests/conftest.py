@@ -145,6 +145,9 @@ ONCE_PER_SUITE = {
     "test_an_edited_state_json_makes_its_checkpoint_unusable",
     "test_pretraining_faults.py::"
     "test_no_usable_checkpoint_is_a_clear_error_not_a_fresh_start",
+    # The measurement script's smoke run: the accumulation it measures is
+    # tested on every backend in tests/pretraining/test_gradient_accumulation.py.
+    "test_accumulation_memory.py::test_accumulation_memory_smoke",
 }
 
 # SavedModel tests whose point is the SavedModel (what a process with only

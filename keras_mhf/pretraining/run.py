@@ -7,8 +7,6 @@ import gc
 import os
 import re
 import shutil
-import signal
-import threading
 import time
 import warnings
 
@@ -218,25 +216,6 @@ def _failure_summary(config, error):
     return summary
 
 
-@contextlib.contextmanager
-def _terminate_as_exit():
-    """Turns SIGTERM (what a cluster sends before it kills a job) into
-    `SystemExit(143)` during the run, so that the run's summary says how it
-    ended; the previous handler is restored afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum, frame):
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def pretrain(data, output_dir, callbacks=None, **settings):
     """Trains a MultiHashFormer (or the Standard baseline) with `model.fit`.
 
@@ -315,9 +294,9 @@ def pretrain(data, output_dir, callbacks=None, **settings):
         # Taken under the lock: what a refused run may remove is only what
         # it wrote itself, never another run's.
         existing = _entries(config.output_dir) - {LOCK_FILE}
-        stack.enter_context(_terminate_as_exit())
+        guard = stack.enter_context(training.StopOnSignal().installed())
         try:
-            lm, summary = _run(config, distribution, callbacks or ())
+            lm, summary = _run(config, distribution, guard, callbacks or ())
         except BaseException as error:
             # A run refused for its settings or data (raised before
             # training) writes nothing; every other exit is summarised.
@@ -356,7 +335,7 @@ def _remove_new_entries(directory, existing):
                 os.remove(path)
 
 
-def _train(config, callbacks):
+def _train(config, guard, callbacks):
     """Steps "data" to "checkpoint" (see the package docstring): `(lm,
     the run's data, the step reached)`."""
     run_data = load_data(config)
@@ -375,17 +354,22 @@ def _train(config, callbacks):
         if directory is not None and is_primary() and step < config.steps:
             curves = open_curves(directory, step)
             stack.callback(curves.close)
-        step = _train_chunks(config, lm, run_data, step, callbacks, curves)
+        step = _train_chunks(
+            config, lm, run_data, step, guard, callbacks, curves
+        )
     return lm, run_data, step
 
 
-def _train_chunks(config, lm, run_data, step, callbacks, curves):
+def _train_chunks(config, lm, run_data, step, guard, callbacks, curves):
     """Step "one chunk", "log" and "checkpoint" until `config.steps` (or a
-    hook's stop); returns the step reached."""
+    hook's stop); returns the step reached. `guard` (`StopOnSignal`) ends
+    the run at a signal, whatever swallowed its exception."""
     checkpoints = RunCheckpoints.of(config)
     started = time.time()
     chunks = 0
+    callbacks = [guard, *callbacks]
     while step < config.steps:
+        guard.check()
         try:
             hooks.event("chunk_start", step=step, chunks=chunks)
         except hooks.Stop:
@@ -398,7 +382,9 @@ def _train_chunks(config, lm, run_data, step, callbacks, curves):
         history = training.train_chunk(
             config, lm, run_data, step, last, callbacks, curves
         )
+        guard.check()  # before anything of this chunk is written
         row = write_log_row(config, lm, run_data, history, last, started)
+        guard.check()
         if curves is not None:  # on disk before the checkpoint commits
             write_validation_point(curves, row)
             curves.flush()
@@ -413,13 +399,13 @@ def _train_chunks(config, lm, run_data, step, callbacks, curves):
     return step
 
 
-def _run(config, distribution, callbacks):
+def _run(config, distribution, guard, callbacks):
     """The steps of `pretrain` (see the package docstring), under the
     output's lock; returns `(lm, summary)`."""
     checkpoints = RunCheckpoints.of(config)
     with run_scope(config, distribution):
         try:
-            lm, run_data, step = _train(config, callbacks)
+            lm, run_data, step = _train(config, guard, callbacks)
             # Every checkpoint is committed before the final steps.
             checkpoints.close()
         except BaseException:

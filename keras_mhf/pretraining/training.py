@@ -6,8 +6,11 @@ prepared corpus (`train_chunk`), stopped at the first non-finite loss.
 on their own (e.g. by `recipes/expand_vocabulary.py`).
 """
 
+import contextlib
 import math
+import signal
 import sys
+import threading
 
 import keras
 import numpy as np
@@ -292,6 +295,72 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         if not math.isfinite(value) and self.step is None:
             self.step, self.loss = step, value
             self.model.stop_training = True
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """Ends a run at SIGINT (Ctrl-C) or SIGTERM, whatever the code running
+    when the signal arrives does with the exception.
+
+    While installed (`with guard.installed():`), both signals raise at once
+    (`KeyboardInterrupt`; SIGTERM, what a cluster sends before it kills a
+    job, `SystemExit(143)`), and the guard remembers them: code that
+    swallows the exception (NumPy's attribute probes while `fit` converts
+    JAX arrays to report the loss, for one, clear every exception raised in
+    them, so Ctrl-C was lost there) is followed by `check`, at every batch
+    and between the steps of a run, which raises it again.
+
+    Example:
+
+    ```python
+    guard = StopOnSignal()
+    with guard.installed():
+        lm.fit(dataset, callbacks=[guard])
+    ```
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.received = None
+
+    def exception(self):
+        """The exception of the signal received."""
+        if self.received == signal.SIGINT:
+            return KeyboardInterrupt()
+        return SystemExit(128 + self.received)
+
+    def check(self):
+        """Raises the exception of a signal received, if any."""
+        if self.received is not None:
+            raise self.exception()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.check()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.check()
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Handles SIGINT and SIGTERM within the block (in the main thread;
+        elsewhere signals cannot be handled); the previous handlers are
+        restored afterwards."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
+        def stop(signum, frame):
+            self.received = signum
+            raise self.exception()
+
+        previous = {
+            number: signal.signal(number, stop)
+            for number in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
 
 def loader_options():

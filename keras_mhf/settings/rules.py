@@ -245,6 +245,27 @@ def directory_or_keyword(setting, value, values):
     return None
 
 
+# The optimizer counts its updates (with gradient accumulation: its
+# micro-batches) in an int32 on JAX, where 64-bit integers are off.
+MAX_OPTIMIZER_CALLS = 2**31 - 1
+
+
+def steps(setting, value, values):
+    """An integer >= 1 whose optimizer calls (steps x micro-batches) fit
+    the optimizer's step counter and the learning-rate schedule."""
+    if not (is_int(value) and value >= 1):
+        return f"{setting.flag} must be an integer >= 1, got {value!r}"
+    parts = values.gradient_accumulation_steps
+    parts = parts if is_int(parts) and parts >= 1 else 1
+    if value * parts > MAX_OPTIMIZER_CALLS:
+        return (
+            f"{setting.flag} {value} is more optimizer steps than a run can "
+            f"count: steps x micro-batches must be at most "
+            f"{MAX_OPTIMIZER_CALLS:,} (the optimizer's step counter)"
+        )
+    return None
+
+
 def gradient_accumulation(setting, value, values):
     """An integer >= 1 that divides the global batch (each micro-batch is
     `batch_size / value` windows)."""

@@ -189,7 +189,7 @@ RUN_SETTINGS = (
         300,
         "optimizer steps",
         finetune_default=100,
-        rule=rules.integer(1),
+        rule=rules.steps,
         recorded="value",
     ),
     Setting(
