@@ -303,11 +303,11 @@ class StopOnSignal(keras.callbacks.Callback):
 
     While installed (`with guard.installed():`), both signals raise at once
     (`KeyboardInterrupt`; SIGTERM, what a cluster sends before it kills a
-    job, `SystemExit(143)`), and the guard remembers them: code that
-    swallows the exception (NumPy's attribute probes while `fit` converts
-    JAX arrays to report the loss, for one, clear every exception raised in
-    them, so Ctrl-C was lost there) is followed by `check`, at every batch
-    and between the steps of a run, which raises it again.
+    job, `SystemExit(143)`), and the guard remembers them: where code below
+    `fit` swallows the exception (a Ctrl-C raised inside `np.array(x)` while
+    Keras converts a JAX loss for the callbacks was lost there, and
+    training went on), `check`, at every batch and between the steps of a
+    run, raises it again.
 
     Example:
 

@@ -24,8 +24,8 @@ def corpus(tmp_path_factory):
 
 
 class SwallowsCtrlC(keras.callbacks.Callback):
-    """Code that catches the KeyboardInterrupt of a Ctrl-C (as NumPy's
-    attribute probes do while `fit` reads JAX arrays)."""
+    """Code that catches the KeyboardInterrupt of a Ctrl-C (as code under
+    `np.array(x)` did while Keras converted a JAX loss for the callbacks)."""
 
     def __init__(self):
         super().__init__()
