@@ -172,6 +172,7 @@ LONGEST_FIRST = (
     "test_benchmark_inference.py",
     "test_benchmark_training.py",
     "test_distribution.py",
+    "test_stop_signals.py",
     "test_replicate.py",
     "test_vocabulary_expansion.py",
     "test_pretraining_faults.py",
@@ -184,6 +185,8 @@ LONGEST_FIRST = (
     "test_quantization.py",
     "test_pretraining_reliability.py",
     "test_precision.py",
+    "test_gradient_accumulation.py",
+    "test_training_curves.py",
 )
 
 

@@ -60,6 +60,20 @@ def refuse_existing_output(parser, args):
         )
 
 
+def refuse_output_over_input(
+    parser, output, source, output_name="--output", source_name="--preset"
+):
+    """A usage error (exit status 2), before anything is written, when
+    `output` is, contains or lies inside the input `source` (symbolic links
+    resolved; `keras_mhf.utils.files.output_overlap_problem`): writing it,
+    `--overwrite` above all, would change or destroy the input."""
+    from keras_mhf.utils.files import output_overlap_problem
+
+    problem = output_overlap_problem(output, source, output_name, source_name)
+    if problem:
+        parser.error(problem)
+
+
 def one_path_or_list(values):
     """`--data a` -> `"a"`, `--data a b` -> `["a", "b"]`."""
     return values[0] if values and len(values) == 1 else values

@@ -26,6 +26,7 @@ os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
 from keras_mhf.cli.common import refuse_existing_output  # noqa: E402
+from keras_mhf.cli.common import refuse_output_over_input  # noqa: E402
 from keras_mhf.settings.rules import preset_directory  # noqa: E402
 
 
@@ -77,17 +78,16 @@ def expand_preset(preset, output, tokenizer=None, tokens=None):
         before and after (`old_parameters`, `parameters`; the signature
         table is not a parameter).
     """
-    import keras_hub
-
     from keras_mhf.expansion import append_pieces
     from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models.preset_loading import load_causal_lm
     from keras_mhf.models.standard.standard_vocabulary import (
         expand_standard_vocabulary,
     )
     from keras_mhf.pretraining.run import save_preset
     from keras_mhf.utils.keras_utils import count_trainable_parameters
 
-    lm = keras_hub.models.CausalLM.from_preset(preset)
+    lm = load_causal_lm(preset)
     old_tokenizer = getattr(lm.preprocessor, "tokenizer", None)
     if old_tokenizer is None:
         raise ValueError(
@@ -119,6 +119,7 @@ def expand_preset(preset, output, tokenizer=None, tokens=None):
 def main(argv=None, prog=None):
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    refuse_output_over_input(parser, args.output, args.preset)
     refuse_existing_output(parser, args)
     tokens = None
     if args.tokens is not None:

@@ -28,6 +28,7 @@ it); the Standard baseline as a stock `Qwen3ForCausalLM`
 
 from keras_mhf.cli.common import parser_from_doc
 from keras_mhf.cli.common import refuse_existing_output
+from keras_mhf.cli.common import refuse_output_over_input
 from keras_mhf.settings.rules import preset_directory
 
 
@@ -58,13 +59,13 @@ def main(argv=None, prog=None):
     args = parser.parse_args(argv)
     if args.ids_only and args.format != "saved_model":
         parser.error("--ids-only applies to --format saved_model only")
+    refuse_output_over_input(parser, args.output, args.preset)
     refuse_existing_output(parser, args)
-    import keras_hub
-
     # Importing keras_mhf registers its classes for from_preset.
     from keras_mhf.export import export_causal_lm
+    from keras_mhf.models.preset_loading import load_causal_lm
 
-    model = keras_hub.models.CausalLM.from_preset(args.preset)
+    model = load_causal_lm(args.preset)
     if args.format == "transformers":
         path = model.export_to_transformers(
             args.output, overwrite=args.overwrite

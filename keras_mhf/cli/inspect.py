@@ -226,11 +226,10 @@ def preset_report(preset):
     """What `--preset` prints, as a dict: the model class, `V`, the
     architecture's settings, parameters by part, the scoring temperature
     and, for MHF, `SignatureTable.statistics()` of its table."""
-    import keras_hub
-
     from keras_mhf.models.model_size import weight_bytes
+    from keras_mhf.models.preset_loading import load_causal_lm
 
-    model = keras_hub.models.CausalLM.from_preset(preset)
+    model = load_causal_lm(preset)
     backbone = model.backbone
     config = backbone.get_config()
     report = {

@@ -21,6 +21,7 @@ import time
 os.environ.setdefault("KERAS_MHF_QUIET_STARTUP", "1")
 
 from keras_mhf.cli.common import parser_from_doc  # noqa: E402
+from keras_mhf.cli.common import refuse_output_over_input  # noqa: E402
 
 
 def python_documentation(path):
@@ -48,17 +49,22 @@ def describe_evaluation(perplexity, last_word, summary):
 
     Args:
         perplexity: `evaluate_preset`'s perplexity metrics of the model.
-        last_word: its last-word (`lambada`) metrics.
+        last_word: its last-word (`lambada`) metrics, or `None` when the
+            test slice held no last-word passage.
         summary: the model's pre-training summary (`scoring_temperature`,
             `calibration`, `parameters`).
     """
     # A calibrated model's metrics are under its temperature, with the
     # paper's rule nested; otherwise there is one rule.
     paper = perplexity.get("paper_rule", perplexity)
+    last_word_accuracy = (
+        f"last-word accuracy {last_word['acc']:.3f}"
+        if last_word is not None
+        else "no last-word passages"
+    )
     accuracies = (
-        f"next-token accuracy {perplexity['accuracy']:.3f}; last-word "
-        f"accuracy {last_word['acc']:.3f}; "
-        f"{summary['parameters']:,} parameters"
+        f"next-token accuracy {perplexity['accuracy']:.3f}; "
+        f"{last_word_accuracy}; {summary['parameters']:,} parameters"
     )
     if summary["scoring_temperature"] is None:
         return (
@@ -194,11 +200,34 @@ def generate_both(models, prompt):
         print(label, models[name].generate(prompt, max_length=40))
 
 
-def evaluate_both(args, runs, held_out):
-    """Perplexity and last-word accuracy of both presets on the test slice;
-    writes `evaluation.json` and prints one line per model."""
+def write_last_word_task(args, held_out):
+    """Writes the test slice's last-word passages
+    (`held_out_last_word.jsonl`) before anything trains and returns its
+    path, or `None`, with a note, when the slice yields none (documents
+    shorter than 8 words, or not ending in a word): the evaluation then
+    leaves that task out instead of failing after both runs trained."""
+    from keras_mhf.evaluation.tasks import last_word_passages
+    from keras_mhf.evaluation.tasks import write_last_word_file
+
+    if not last_word_passages(held_out, count=40):
+        print(
+            "Note: the test slice yields no last-word passage (each needs a "
+            "document of at least 8 words ending in a word), so the "
+            "last-word accuracy is left out of the evaluation."
+        )
+        return None
+    return write_last_word_file(
+        held_out,
+        os.path.join(args.output, "held_out_last_word.jsonl"),
+        count=40,
+    )
+
+
+def evaluate_both(args, runs, held_out, lambada_path):
+    """Perplexity and last-word accuracy (unless `lambada_path` is `None`:
+    see `write_last_word_task`) of both presets on the test slice; writes
+    `evaluation.json` and prints one line per model."""
     from keras_mhf.evaluation import evaluate_preset
-    from keras_mhf.evaluation import write_last_word_file
 
     print(
         "\n=== Evaluation on the test slice (unseen in training and "
@@ -207,17 +236,12 @@ def evaluate_both(args, runs, held_out):
     held_out_path = os.path.join(args.output, "held_out.txt")
     with open(held_out_path, "w", encoding="utf-8") as f:
         f.write("\n\n".join(held_out))
-    lambada_path = write_last_word_file(
-        held_out,
-        os.path.join(args.output, "held_out_last_word.jsonl"),
-        count=40,
-    )
     results = {}
     for name in runs:
         results[name] = evaluate_preset(
             runs[name]["preset"],
             perplexity_files=[held_out_path],
-            lambada_files=[lambada_path],
+            lambada_files=[lambada_path] if lambada_path else [],
             sequence_length=args.sequence_length,
             batch_size=args.batch_size,
             output=os.path.join(args.output, f"{name}_eval.jsonl"),
@@ -229,7 +253,7 @@ def evaluate_both(args, runs, held_out):
             f"{name:<9} "
             + describe_evaluation(
                 r[f"perplexity:{held_out_path}"],
-                r[f"lambada:{lambada_path}"],
+                r.get(f"lambada:{lambada_path}"),
                 runs[name],
             )
         )
@@ -287,7 +311,14 @@ def print_outputs(output, runs, exports, comparison):
 
 
 def main(argv=None, prog=None):
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.data is not None and os.path.isdir(args.data):
+        # Its split and runs are written into --output: not into the
+        # corpus folder (which the reader would take in), nor around it.
+        refuse_output_over_input(
+            parser, args.output, args.data, "--output", "--data"
+        )
     from keras_mhf.pretraining.logs import plot_comparison
     from keras_mhf.utils.progress import show_progress
 
@@ -295,6 +326,7 @@ def main(argv=None, prog=None):
     started = time.time()
     os.makedirs(args.output, exist_ok=True)
     train_path, validation_path, held_out = split_corpus(args)
+    lambada_path = write_last_word_task(args, held_out)
     models, runs = train_both(args, train_path, validation_path)
     standard_trunk = args.architecture.split("_")[0]
     comparison = plot_comparison(
@@ -305,7 +337,7 @@ def main(argv=None, prog=None):
         os.path.join(args.output, "comparison.png"),
     )
     generate_both(models, args.prompt)
-    evaluate_both(args, runs, held_out)
+    evaluate_both(args, runs, held_out, lambada_path)
     exports = export_mhf(models["mhf"], args.output)
     print_outputs(args.output, runs, exports, comparison)
     print(f"\nDone in {time.time() - started:.0f} s.")

@@ -69,8 +69,25 @@ _ON_ERROR = ("fail", "skip")
 _BOM = b"\xef\xbb\xbf"
 
 
+def _lone_surrogate(text):
+    """The first lone surrogate of `text` as its escape (`\\ud800`), or
+    `None` when the text encodes as UTF-8."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return ascii(text[error.start])[1:-1]
+    return None
+
+
 class CorpusWarning(UserWarning):
     """A bad corpus line skipped with `on_error="skip"`."""
+
+
+class CorpusLineError(ValueError):
+    """A bad corpus line (or Parquet/Arrow row) that stopped a reader with
+    `on_error="fail"`; its message names it (`file:line`)."""
 
 
 class ReadPosition(NamedTuple):
@@ -396,7 +413,7 @@ class DocumentReader:
     def _bad(self, path, number, problem, what=None, unit="line"):
         where = f"{path}:{number}" if unit == "line" else f"{path} row {number}"
         if self.on_error == "fail":
-            raise ValueError(
+            raise CorpusLineError(
                 f"{where}: {problem}. Fix or remove the {unit}, or pass "
                 f"on_error='skip' (--on-error skip) to skip bad {unit}s."
             )
@@ -526,6 +543,17 @@ class DocumentReader:
             if not isinstance(value, str):
                 kind = "null" if value is None else f"a {type(value).__name__}"
                 self._bad(path, number, f"{field!r} is {kind}, not a string")
+                continue
+            surrogate = _lone_surrogate(value)
+            if surrogate is not None:
+                # JSON's "\ud800" escape decodes to a str that no tokenizer
+                # (nor UTF-8) takes.
+                self._bad(
+                    path,
+                    number,
+                    f"{field!r} holds a lone surrogate ({surrogate}), which "
+                    "is not valid Unicode text",
+                )
                 continue
             document = self._document(value, file_index, number, end, number)
             if document is not None:

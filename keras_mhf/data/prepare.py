@@ -52,6 +52,7 @@ import warnings
 import numpy as np
 
 from keras_mhf.data.documents import DEFAULT_TEXT_FIELD
+from keras_mhf.data.documents import CorpusLineError
 from keras_mhf.data.documents import DocumentReader
 from keras_mhf.data.documents import ReadPosition
 from keras_mhf.data.documents import list_corpus_files
@@ -416,7 +417,7 @@ def _describe_change(key, old, new):
     return f"{key}: {old!r} -> {new!r}"
 
 
-def _check_same(directory, found, wanted, what):
+def _check_same(directory, found, wanted, what, advice=None):
     old, new = _identity(found), _identity(wanted)
     changed = [key for key in new if old.get(key) != new[key]]
     if changed:
@@ -425,8 +426,12 @@ def _check_same(directory, found, wanted, what):
         )
         raise ValueError(
             f"{directory} holds {what} made with different settings "
-            f"({details}). Use another output directory, or delete this one "
-            "to start again."
+            f"({details}). "
+            + (
+                advice
+                or "Use another output directory, or delete this one to "
+                "start again."
+            )
         )
 
 
@@ -664,6 +669,9 @@ def _prepare_locked(output_dir, job):
     }
     try:
         totals = _tokenize_all(job, state, state_path, writers)
+    except CorpusLineError as error:
+        _record_bad_line_stop(state_path, error)
+        raise
     finally:
         for writer in writers.values():
             writer.close()
@@ -683,19 +691,91 @@ def _already_prepared(output_dir, job, state_path):
     return index
 
 
+def _record_bad_line_stop(state_path, error):
+    """Notes in the last checkpointed state that the run stopped on a bad
+    line, so that a rerun on the corrected input may start afresh."""
+    try:
+        state = read_json(state_path)
+    except (OSError, ValueError):
+        return
+    state["stopped_on_bad_line"] = str(error).split(". Fix or remove")[0]
+    write_json(state_path, state)
+
+
+def _run_files(output_dir):
+    """The files an unfinished run wrote: its shards, whole and in progress
+    (`*.partial`), of every split, and its state."""
+    pattern = re.compile(rf"({'|'.join(SPLITS)})_\d+\.bin(\.partial)?$")
+    names = [n for n in os.listdir(output_dir) if pattern.match(n)]
+    return sorted(names) + [STATE_FILE]
+
+
+def _unfinished_run_advice(output_dir, state):
+    """What to delete to prepare other inputs in `output_dir`."""
+    complete = sum(len(state["splits"][split]["shards"]) for split in SPLITS)
+    stopped = state.get("stopped_on_bad_line")
+    done = (
+        f"It completed {complete} shard{'s' if complete != 1 else ''}, which "
+        "a fresh start would drop. "
+        if complete
+        else ""
+    )
+    return (
+        (f"It stopped at {stopped}. " if stopped else "")
+        + done
+        + "To prepare these inputs there from the start, delete "
+        + f"{STATE_FILE}, "
+        + " and ".join(f"{split}_*.bin*" for split in SPLITS)
+        + f" in {output_dir} (or the whole directory), or use another "
+        "output directory; to finish that run, rerun it with its own inputs "
+        "and settings."
+    )
+
+
+def _start_afresh_after_bad_line(output_dir, state, report):
+    """Removes an unfinished run whose inputs or settings changed, so that
+    this run starts afresh, when it stopped on a bad line (which the user
+    has since fixed) before any shard was complete: nothing finished is
+    lost. Returns whether it did."""
+    complete = any(state["splits"][split]["shards"] for split in SPLITS)
+    stopped = state.get("stopped_on_bad_line")
+    if not stopped or complete:
+        return False
+    for name in _run_files(output_dir):
+        os.remove(os.path.join(output_dir, name))
+    report.message(
+        f"prepare_data: the unfinished run in {output_dir} stopped at "
+        f"{stopped} before any shard was complete, and its inputs have "
+        "changed since; starting afresh."
+    )
+    return True
+
+
 def _start_or_resume(output_dir, job, state_path, report):
     """The checkpointed state of an unfinished run of the same inputs, or a
-    new one (written) for an empty directory."""
+    new one (written) for an empty directory. An unfinished run with other
+    inputs or settings is refused, unless it stopped on a bad line before
+    completing a shard: then the corrected input starts afresh."""
     if os.path.exists(state_path):
         state = read_json(state_path)
-        _check_same(
-            output_dir, state, job.header, "an unfinished prepare_data run"
-        )
-        state["on_error"] = job.options.on_error
-        report.message(
-            f"prepare_data: resuming the unfinished run in {output_dir}."
-        )
-        return state
+        try:
+            _check_same(
+                output_dir,
+                state,
+                job.header,
+                "an unfinished prepare_data run",
+                _unfinished_run_advice(output_dir, state),
+            )
+        except ValueError:
+            if not _start_afresh_after_bad_line(output_dir, state, report):
+                raise
+        else:
+            state.pop("stopped_on_bad_line", None)
+            state["on_error"] = job.options.on_error
+            report.message(
+                f"prepare_data: resuming the unfinished run in {output_dir}."
+            )
+            return state
     if set(os.listdir(output_dir)) - {LOCK_FILE}:
         raise ValueError(
             f"{output_dir} is not empty and holds no prepare_data run; "

@@ -40,11 +40,10 @@ class KerasMHFLM(LM):
         self, preset, batch_size=8, max_length=512, max_gen_toks=64, **kwargs
     ):
         super().__init__()
-        import keras_hub
-
         import keras_mhf  # noqa: F401 (registers the classes)
+        from keras_mhf.models.preset_loading import load_causal_lm
 
-        self.model = keras_hub.models.CausalLM.from_preset(preset)
+        self.model = load_causal_lm(preset)
         self.tokenizer = self.model.preprocessor.tokenizer
         self.batch_size = int(batch_size)
         self.max_length = int(max_length)

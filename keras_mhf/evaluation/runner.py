@@ -66,9 +66,9 @@ def evaluate_preset(
     Returns:
         `{task_key: metrics}`.
     """
-    import keras_hub
+    from keras_mhf.models.preset_loading import load_causal_lm
 
-    model = keras_hub.models.CausalLM.from_preset(preset)
+    model = load_causal_lm(preset)
     tokenizer = model.preprocessor.tokenizer
     settings = {
         "preset": os.path.abspath(preset),

@@ -98,26 +98,35 @@ def read_task_file(path, parse, on_error="fail", limit=None, unit="examples"):
     return examples, skipped
 
 
+def last_word_passages(documents, count=100, max_words=60):
+    """The LAMBADA-format passages of held-out documents (at most `count`):
+    each a document's first `max_words` words, its last word, without
+    trailing punctuation, the target. Documents shorter than 8 words, or
+    whose last word is not alphabetic, give none."""
+    passages = []
+    for doc in documents:
+        words = doc.split()[:max_words]
+        if len(words) < 8:
+            continue
+        words[-1] = words[-1].rstrip(".,;:!?\"')")
+        if not words[-1].isalpha():
+            continue
+        passages.append(" ".join(words))
+        if len(passages) == count:
+            break
+    return passages
+
+
 def write_last_word_file(documents, path, count=100, max_words=60):
     """Writes LAMBADA-format JSONL from held-out documents: each passage is a
     document's first `max_words` words, and its last word, without trailing
     punctuation, is the target (passages whose last word is not alphabetic
-    are skipped)."""
+    are skipped; see `last_word_passages`)."""
     import json
 
-    written = 0
     with open(path, "w", encoding="utf-8") as f:
-        for doc in documents:
-            words = doc.split()[:max_words]
-            if len(words) < 8:
-                continue
-            words[-1] = words[-1].rstrip(".,;:!?\"')")
-            if not words[-1].isalpha():
-                continue
-            f.write(json.dumps({"text": " ".join(words)}) + "\n")
-            written += 1
-            if written == count:
-                break
+        for passage in last_word_passages(documents, count, max_words):
+            f.write(json.dumps({"text": passage}) + "\n")
     return path
 
 

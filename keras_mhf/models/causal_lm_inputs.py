@@ -28,6 +28,9 @@ without reading them (`tf.data` element specs) or on their first batch
 (Grain), and token-id data goes through `keras_mhf.utils.token_ids`.
 """
 
+import math
+import os
+
 import numpy as np
 from keras import ops
 
@@ -256,6 +259,50 @@ def check_length_arguments(max_length, max_new_tokens, truncate):
         )
 
 
+def _memory_bytes():
+    """The memory generation computes in: the accelerator's, or the
+    machine's (`None` where neither is known)."""
+    from keras_mhf.utils.device_memory import accelerator_memory_bytes
+
+    memory = accelerator_memory_bytes()
+    if memory:
+        return int(memory)
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def check_generation_size(batch, total):
+    """Refuses, before anything is computed, a total length whose first
+    generation pass cannot fit in memory: seeding the cache attends over
+    the whole padded length, so its attention scores alone hold at least
+    `batch * total**2` float32 values (one head; the model has more). A
+    call that tried (`max_length=100_000` asked a tiny model for 480 GB)
+    failed after JAX had donated the model's weights to it, so every later
+    call of the model failed too.
+
+    Example:
+
+    ```python
+    check_generation_size(batch=1, total=128)  # fits: returns None
+    ```
+    """
+    memory = _memory_bytes()
+    needed = 4 * int(batch) * int(total) ** 2
+    if memory is None or needed <= memory:
+        return
+    longest = math.isqrt(memory // (4 * int(batch)))
+    raise ValueError(
+        f"generate: a total length of {total} tokens for {batch} "
+        f"prompt{'s' if batch != 1 else ''} needs at least "
+        f"{needed / 1e9:,.0f} GB for the attention scores of the first "
+        f"pass, more than the {memory / 1e9:,.0f} GB of memory here; pass a "
+        f"smaller max_length or max_new_tokens (a total below {longest:,} "
+        "tokens, fewer for a larger model), or fewer prompts at a time."
+    )
+
+
 def _length_error(lengths, total, budget, hint_truncate=True):
     """The `ValueError` for prompts that do not fit in `total` positions:
     one that would be cut (longer than `total`), or a batch in which no
@@ -374,6 +421,7 @@ def pack_text_prompts(
         lengths = [len(tokens) + start for tokens in token_lists]
     if max_new_tokens is not None:
         total = max(lengths) + max_new_tokens
+    check_generation_size(len(lengths), total)
     token_ids, padding_mask = packer(
         token_lists, sequence_length=total, add_end_value=False
     )
@@ -454,6 +502,7 @@ def size_token_id_prompts(prompt, max_length=None, max_new_tokens=None):
         error = _length_error(lengths, total, budget, hint_truncate=False)
         if error is not None:
             raise error
+    check_generation_size(len(lengths), total)
     if total != width:
         ids = np.zeros((token_ids.shape[0], total), token_ids.dtype)
         new_mask = np.zeros((token_ids.shape[0], total), bool)

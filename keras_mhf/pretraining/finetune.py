@@ -61,7 +61,8 @@ def finetune(preset, data, output_dir, callbacks=None, **settings):
 
     Raises:
         RunConfigError: as `pretrain`, and for a preset that is not an MHF
-            or Standard preset, a quantized preset, or a rank < 1.
+            or Standard preset, a quantized preset, a rank < 1, or an
+            `output_dir` that is, contains or lies inside `preset`.
 
     Example:
 

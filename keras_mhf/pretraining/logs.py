@@ -41,6 +41,7 @@ from keras_mhf.evaluation.calibration import metrics_at
 from keras_mhf.evaluation.calibration import raw_scores
 from keras_mhf.evaluation.calibration import token_metrics_at
 from keras_mhf.pretraining.config import is_primary
+from keras_mhf.pretraining.errors import RunConfigError
 from keras_mhf.pretraining.validation import CALIBRATION_MAX_TOKENS
 from keras_mhf.pretraining.validation import split_validation_windows
 from keras_mhf.utils.files import write_atomically
@@ -220,8 +221,22 @@ def trim_log(config, step):
     log_path = config.path("log.csv")
     if not os.path.exists(log_path) or not is_primary():
         return
+    rows = []
     with open(log_path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+        reader = csv.DictReader(f)
+        for row in reader:
+            logged = _logged_step(row)
+            if logged is None:
+                raise RunConfigError(
+                    f"{log_path}:{reader.line_num}: not a log.csv row (its "
+                    f"step is {row.get('step')!r}), so the rows after step "
+                    f"{step}, which this resumed run writes again, cannot "
+                    "be told apart. Delete or fix that line (or delete "
+                    "log.csv: the checkpoints keep the run, only the "
+                    "logged curve is lost) and rerun the same command."
+                )
+            if logged <= step:
+                rows.append(row)
     text = io.StringIO()
     writer = csv.DictWriter(
         text, fieldnames=LOG_FIELDS, lineterminator="\n", extrasaction="ignore"
@@ -229,6 +244,15 @@ def trim_log(config, step):
     writer.writeheader()
     writer.writerows(rows)
     write_atomically(log_path, text.getvalue().encode("utf-8"))
+
+
+def _logged_step(row):
+    """A `log.csv` row's step, or `None` when it is not a whole number."""
+    try:
+        value = float(row.get("step"))
+    except (TypeError, ValueError):
+        return None
+    return int(value) if math.isfinite(value) and value == int(value) else None
 
 
 def read_log(log_path):

@@ -20,6 +20,7 @@ import os
 import numpy as np
 
 from keras_mhf.settings.setting import PATHS
+from keras_mhf.utils.files import output_overlap_problem
 
 MODELS = ("mhf", "standard")
 SIGNATURE_RULES = ("unique", "reference", "repeated")
@@ -311,11 +312,19 @@ def train_tables(setting, value, values):
 
 def preset(setting, value, values):
     """A directory holding `config.json` (KerasHub's preset or a Hugging
-    Face export); `RunConfig` checks what it holds."""
+    Face export), apart from the run's output (which would overwrite it);
+    `RunConfig` checks what it holds."""
     if value is None:
         return None
     problem = preset_problem(value)
-    return problem and f"{setting.flag} {problem}"
+    if problem:
+        return f"{setting.flag} {problem}"
+    if is_path(values.output_dir):
+        problem = output_overlap_problem(
+            values.output_dir, value, "--output", setting.flag
+        )
+        return problem and problem.rstrip(".")
+    return None
 
 
 def preset_problem(path):

@@ -55,6 +55,59 @@ def absolute_paths(value):
     return value
 
 
+def resolved_path(path):
+    """A path with `~`, `..` and every symbolic link resolved (its existing
+    part; the rest is kept as written), to compare two paths."""
+    return os.path.realpath(os.path.expanduser(os.fspath(path)))
+
+
+def path_overlap(output, source):
+    """How writing `output` would reach `source`, after resolving both
+    (`resolved_path`): `"is"`, `"lies inside"`, `"contains"`, or `None`
+    when they are apart.
+
+    Example:
+
+    >>> path_overlap("/runs/mhf/preset/hf", "/runs/mhf/preset")
+    'lies inside'
+    >>> path_overlap("/runs/hf", "/runs/mhf/preset") is None
+    True
+    """
+    output, source = resolved_path(output), resolved_path(source)
+    if output == source:
+        return "is"
+    common = os.path.commonpath([output, source])
+    if common == source:
+        return "lies inside"
+    if common == output:
+        return "contains"
+    return None
+
+
+def output_overlap_problem(output, source, output_name, source_name):
+    """The one-line refusal of an `output` that is, contains or lies inside
+    the input `source` a command reads (writing it, and `--overwrite`
+    above all, would change or delete that input), or `None` when they are
+    apart. `output_name` and `source_name` name them as the user gave them
+    (e.g. `"--output"`, `"--preset"`).
+
+    Example:
+
+    >>> output_overlap_problem("/p", "/p", "--output", "--preset")[:34]
+    '--output /p is --preset /p: writin'
+    """
+    how = path_overlap(output, source)
+    if how is None:
+        return None
+    return (
+        f"{output_name} {os.fspath(output)} {how} {source_name} "
+        f"{os.fspath(source)}: writing it would change or destroy the input "
+        f"it is made from, so nothing was written; choose an "
+        f"{output_name} that neither is, holds nor lies inside "
+        f"{os.fspath(source)}."
+    )
+
+
 def file_sha256(path):
     """The sha256 hex digest of a file, read in 1 MiB blocks.
 
@@ -94,7 +147,8 @@ def fsync_directory(path):
 
 def write_atomically(path, data):
     """Writes bytes to `path` through a flushed temporary file and a
-    rename, so `path` holds either its old or its new content.
+    rename, so `path` holds either its old or its new content; a write
+    that fails (a full disk) removes its temporary file.
 
     Example:
 
@@ -103,11 +157,20 @@ def write_atomically(path, data):
     ```
     """
     temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        # A full disk (or an interrupt) leaves the old content and no
+        # temporary file behind.
+        try:
+            os.remove(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def write_json(path, data, indent=1):

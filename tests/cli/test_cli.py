@@ -439,3 +439,188 @@ def test_export_a_preset(trained, capsys):
         command + ["--output", "hf", "--overwrite"], capsys
     )
     assert status == 0, err
+
+
+# --- Issue #59: outputs over inputs, Hugging Face exports, bfloat16 -------
+
+
+@pytest.fixture(scope="module")
+def bfloat16_presets(tmp_path_factory):
+    """`{"mhf", "standard"}`: tiny bfloat16 presets (saved as a run saves
+    them, no training), and their tokenizer file, in a folder of their own."""
+    from keras_mhf.models import MultiHashFormerCausalLM
+    from keras_mhf.models import MultiHashFormerTokenizer
+    from keras_mhf.models import standard_causal_lm
+    from tests.conftest import small_proto_bytes
+
+    root = tmp_path_factory.mktemp("bfloat16")
+    tokenizer = MultiHashFormerTokenizer(small_proto_bytes())
+    presets = {"root": root}
+    for name, lm in (
+        (
+            "mhf",
+            MultiHashFormerCausalLM.from_tokenizer(
+                tokenizer, "tiny_h3b64", sequence_length=16, dtype="bfloat16"
+            ),
+        ),
+        (
+            "standard",
+            standard_causal_lm(
+                tokenizer, "tiny", sequence_length=16, dtype="bfloat16"
+            ),
+        ),
+    ):
+        lm.save_to_preset(str(root / name))
+        presets[name] = root / name
+    return presets
+
+
+def _snapshot(folder):
+    """Every file under `folder` with its size and modification time."""
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(Path(folder).rglob("*"))
+    }
+
+
+def test_an_output_over_its_input_is_refused_and_nothing_is_touched(
+    bfloat16_presets, tmp_path, capsys
+):
+    """An output that is, lies inside or holds the input (symbolic links
+    resolved) is a usage error before anything is written, for export (both
+    formats), expand-vocabulary, finetune and quickstart."""
+    preset = bfloat16_presets["mhf"]
+    link = tmp_path / "link"
+    link.symlink_to(preset)
+    before = _snapshot(bfloat16_presets["root"])
+    tokens = tmp_path / "tokens.txt"
+    tokens.write_text("▁Zürich\n")
+    documents = write_documents(tmp_path / "notes.jsonl", count=20)
+    for output, how in (
+        (preset, "is"),
+        (link, "is"),
+        (preset / "hf", "lies inside"),
+        (link / "assets", "lies inside"),
+        (preset.parent, "holds"),
+    ):
+        how = "contains" if how == "holds" else how
+        for command in (
+            ["export", "--format", "transformers", "--preset", preset],
+            ["export", "--format", "saved_model", "--preset", preset],
+            ["expand-vocabulary", "--preset", preset, "--tokens", tokens],
+            ["finetune", "--preset", preset, "--data", documents],
+        ):
+            status, _, err = run_cli(
+                command + ["--output", output, "--overwrite"]
+                if command[0] != "finetune"
+                else command + ["--output", output],
+                capsys,
+            )
+            assert status == 2, (command, output, err)
+            assert (
+                f"error: --output {output} {how} --preset {preset}: writing "
+                "it would change or destroy the input"
+            ) in err, err
+            assert _snapshot(bfloat16_presets["root"]) == before
+            assert not (preset / "hf").exists()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("Some text.\n")
+    for output in (corpus, corpus / "run", tmp_path):
+        status, _, err = run_cli(
+            ["quickstart", "--data", corpus, "--output", output], capsys
+        )
+        assert status == 2 and "--data" in err and "--output" in err, err
+        assert sorted(p.name for p in corpus.iterdir()) == ["a.txt"]
+
+
+def test_hugging_face_exports_load_on_the_command_line(
+    bfloat16_presets, capsys
+):
+    """`inspect`, `evaluate`, `export` and `expand-vocabulary` read an MHF
+    and a Standard Hugging Face export (KerasHub's loader had no converter
+    for the first and looked for Qwen's special tokens in the second), in
+    the precision they were written in (bfloat16 stays bfloat16)."""
+    root = bfloat16_presets["root"]
+    text = root / "text.txt"
+    text.write_text("\n\n".join(CORPUS))
+    for name in ("mhf", "standard"):
+        preset, exported = bfloat16_presets[name], root / f"{name}_hf"
+        status, _, err = run_cli(
+            ["export", "--format", "transformers", "--preset", preset]
+            + ["--output", exported],
+            capsys,
+        )
+        assert status == 0, err
+        config = json.loads((exported / "config.json").read_text())
+        assert config["dtype"] == "bfloat16"
+        reports = []
+        for path in (preset, exported):
+            status, out, err = run_cli(["inspect", "--preset", path], capsys)
+            assert status == 0, err
+            reports.append(last_json(out))
+        assert reports[0]["weight_bytes"] == reports[1]["weight_bytes"]
+        assert reports[0]["class"] == reports[1]["class"]
+        status, out, err = run_cli(
+            ["evaluate", "--preset", exported, "--perplexity", text]
+            + ["--no-progress"],
+            capsys,
+        )
+        assert status == 0, err
+        metrics = last_json(out)[f"perplexity:{text}"]
+        assert np.isfinite(metrics["perplexity"])
+        status, out, err = run_cli(
+            ["expand-vocabulary", "--preset", exported, "--tokens"]
+            + [_tokens_file(root), "--output", root / f"{name}_hf_expanded"],
+            capsys,
+        )
+        assert status == 0, err
+        assert last_json(out)["new_tokens"] == 1
+
+
+def _tokens_file(root):
+    path = root / "tokens.txt"
+    path.write_text("▁Zürich\n")
+    return path
+
+
+def _safetensors_dtypes(path):
+    import struct
+
+    data = Path(path).read_bytes()
+    size = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8 : 8 + size])
+    return {v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def test_a_bfloat16_preset_keeps_its_precision(bfloat16_presets, capsys):
+    """`inspect` counts a bfloat16 preset's weights at 2 bytes each, and
+    `expand-vocabulary` and `export --format transformers` write bfloat16
+    (before: float32, through KerasHub's loader)."""
+    root, preset = bfloat16_presets["root"], bfloat16_presets["mhf"]
+    status, out, _ = run_cli(["inspect", "--preset", preset], capsys)
+    assert status == 0
+    report = last_json(out)
+    # Every float weight in bfloat16 (the signature table is int32).
+    assert report["weight_bytes"]["other"] < 2.1 * report["parameters"]
+    expanded = root / "expanded_bf16"
+    status, _, err = run_cli(
+        ["expand-vocabulary", "--preset", preset, "--tokens"]
+        + [_tokens_file(root), "--output", expanded],
+        capsys,
+    )
+    assert status == 0, err
+    config = json.loads((expanded / "config.json").read_text())
+    assert config["config"]["dtype"]["config"]["name"] == "bfloat16"
+    exported = root / "bf16_hf"
+    status, _, err = run_cli(
+        ["export", "--format", "transformers", "--preset", preset]
+        + ["--output", exported],
+        capsys,
+    )
+    assert status == 0, err
+    assert json.loads((exported / "config.json").read_text())["dtype"] == (
+        "bfloat16"
+    )
+    assert "BF16" in _safetensors_dtypes(exported / "model.safetensors")
+    assert "F32" not in _safetensors_dtypes(exported / "model.safetensors")

@@ -59,3 +59,52 @@ def test_outputs_are_listed_as_the_output_was_given(
     assert relative[-1] == "runs/qs/evaluation.json"
     absolute = listed(str(tmp_path / "qs"))
     assert absolute[0] == str(tmp_path / "qs" / "mhf" / "tokenizer.model")
+
+
+def test_a_test_slice_without_last_word_passages_skips_that_task(
+    tmp_path, monkeypatch, capsys
+):
+    """Documents too short for a last-word passage: the quickstart says so
+    before training and evaluates perplexity alone (it trained both models,
+    then failed on `held_out_last_word.jsonl holds no passages`)."""
+    documents = [f"Document {i} says something." for i in range(45)]
+    corpus = tmp_path / "short.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"text": d}) + "\n" for d in documents)
+    )
+    output = tmp_path / "run"
+
+    def no_training(*args, **kwargs):
+        raise RuntimeError("training started")
+
+    monkeypatch.setattr(quickstart, "train_both", no_training)
+    try:
+        quickstart.main(["--data", str(corpus), "--output", str(output)])
+    except RuntimeError as error:
+        assert str(error) == "training started"
+    out = capsys.readouterr().out
+    assert "Note: the test slice yields no last-word passage" in out
+    assert not (output / "held_out_last_word.jsonl").exists()
+
+    import keras_mhf.evaluation
+
+    def evaluate_preset(preset, perplexity_files, lambada_files, **kwargs):
+        assert lambada_files == []
+        metrics = {"perplexity": 9.0, "ece": 0.1, "accuracy": 0.2}
+        return {f"perplexity:{perplexity_files[0]}": metrics}
+
+    monkeypatch.setattr(
+        keras_mhf.evaluation, "evaluate_preset", evaluate_preset
+    )
+    runs = {
+        "standard": {
+            "preset": "p",
+            "scoring_temperature": None,
+            "parameters": 10,
+        }
+    }
+    args = argparse.Namespace(
+        output=str(output), sequence_length=16, batch_size=2
+    )
+    quickstart.evaluate_both(args, runs, documents[-2:], None)
+    assert "no last-word passages" in capsys.readouterr().out

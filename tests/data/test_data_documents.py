@@ -200,6 +200,24 @@ def test_skip_mode_counts_and_warns_each_bad_line(tmp_path):
         )
 
 
+def test_a_lone_surrogate_is_a_bad_line(tmp_path):
+    """JSON's `\\ud800` escape decodes to a string that is not Unicode
+    text (SentencePiece raised a TypeError without file:line, which
+    `on_error="skip"` did not skip): a bad line, skipped under skip."""
+    path = write(
+        tmp_path / "surrogate.jsonl",
+        b'{"text": "ok"}\n{"text": "a \\ud800 b"}\n{"text": "\\u00e9t\\u00e9"}\n',
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"surrogate\.jsonl:2: 'text' holds a lone surrogate "
+        r"\(\\ud800\), which is not valid Unicode text",
+    ):
+        list(read_documents(path))
+    with pytest.warns(CorpusWarning, match=r"surrogate\.jsonl:2: .*skipped"):
+        assert list(read_documents(path, on_error="skip")) == ["ok", "été"]
+
+
 def test_non_utf8_txt_line(tmp_path):
     path = write(
         tmp_path / "bad.txt",

@@ -278,7 +278,8 @@ def test_a_changed_configuration_is_refused(
     with pytest.raises(
         ValueError,
         match=r"training inputs differ: .*part_1\.txt had \d+ bytes"
-        r".*delete this one",
+        r".*delete prepare_state\.json, train_\*\.bin\* and "
+        r"validation_\*\.bin\* in .*out \(or the whole directory\)",
     ):
         prepare(inputs, tokenizer_path, out)
     # A finished directory: the same arguments are a no-op, others refused.
@@ -570,3 +571,61 @@ def test_the_validation_rule_is_pinned():
     # Changing it would silently move documents between splits.
     score = validation_score("The cell is the basic unit of life.")
     assert score == pytest.approx(0.3713003710740264, abs=1e-15)
+
+
+def test_a_corrected_bad_line_starts_afresh(
+    tmp_path, tokenizer_path, documents
+):
+    """A run stopped by a bad line (here a lone surrogate, which reached
+    SentencePiece as a TypeError without file:line) before any shard was
+    complete: the corrected input starts afresh (it was refused as "an
+    unfinished run made with different settings", its files left behind),
+    and ends with the bytes of a run on the corrected input alone."""
+    path = tmp_path / "corpus.jsonl"
+    write_jsonl(path, documents[:50])
+    with open(path, "ab") as f:
+        f.write(b'{"text": "bad \\ud800 text"}\n')
+    output = tmp_path / "prepared"
+    with pytest.raises(
+        ValueError, match=r"corpus\.jsonl:51: 'text' holds a lone surrogate"
+    ):
+        prepare(str(path), tokenizer_path, output, shard_tokens=100_000)
+    assert (output / prepare_module.STATE_FILE).exists()
+    write_jsonl(path, documents[:50] + ["the fixed line"])
+    index = prepare(str(path), tokenizer_path, output, shard_tokens=100_000)
+    assert not (output / prepare_module.STATE_FILE).exists()
+    assert not list(output.glob("*.partial"))
+    expected = prepare(
+        str(path), tokenizer_path, tmp_path / "clean", shard_tokens=100_000
+    )
+    assert index["splits"] == expected["splits"]
+
+
+def test_a_changed_input_after_complete_shards_names_what_to_delete(
+    tmp_path, tokenizer_path, documents, monkeypatch
+):
+    """Once a shard is complete, an unfinished run whose input changed is
+    refused (starting afresh would drop finished work), naming the files
+    to delete; nothing is removed or added."""
+    monkeypatch.setattr(prepare_module, "CHUNK_DOCUMENTS", 10)
+    path = tmp_path / "corpus.jsonl"
+    write_jsonl(path, documents[:150])
+    with open(path, "ab") as f:
+        f.write(b'{"text": null}\n')
+    output = tmp_path / "prepared"
+    with pytest.raises(ValueError, match=r"corpus\.jsonl:151: 'text' is null"):
+        prepare(str(path), tokenizer_path, output, shard_tokens=200)
+    before = sorted(os.listdir(output))
+    assert "train_00000.bin" in before
+    write_jsonl(path, documents[:151])
+    with pytest.raises(
+        ValueError,
+        match=r"made with different settings \(.*\)\. It stopped at "
+        r".*corpus\.jsonl:151: 'text' is null, not a string\. It completed \d+ "
+        r"shards, which a "
+        r"fresh start would drop\. To prepare these inputs there from the "
+        r"start, delete prepare_state\.json, train_\*\.bin\* and "
+        r"validation_\*\.bin\* in .*prepared \(or the whole directory\)",
+    ):
+        prepare(str(path), tokenizer_path, output, shard_tokens=200)
+    assert sorted(os.listdir(output)) == before

@@ -79,6 +79,30 @@ def test_impossible_lengths_are_refused(lm):
         lm.generate([])
 
 
+def test_a_length_beyond_memory_is_refused_and_the_model_still_works(lm):
+    """A total length whose first pass cannot fit in memory is refused
+    before anything runs (`max_length=100_000` asked a tiny model for
+    480 GB under JAX, and every later `generate` of the model failed: the
+    failed call held its donated weights); the model generates afterwards."""
+    expected = lm.generate("The cell", max_length=12)
+    for kwargs in ({"max_length": 10**7}, {"max_new_tokens": 10**7}):
+        with pytest.raises(
+            ValueError,
+            match=r"generate: a total length of \d+ tokens for 1 prompt "
+            r"needs at least [\d,]+ GB .*pass a smaller max_length or "
+            r"max_new_tokens",
+        ):
+            lm.generate("The cell", **kwargs)
+    prompt = ids_prompt(lm, ["The cell"], 8)
+    preprocessor, lm.preprocessor = lm.preprocessor, None
+    try:
+        with pytest.raises(ValueError, match="for 1 prompt needs at least"):
+            lm.generate(prompt, max_length=10**7, stop_token_ids=None)
+    finally:
+        lm.preprocessor = preprocessor
+    assert lm.generate("The cell", max_length=12) == expected
+
+
 def test_max_length_must_exceed_the_prompt(lm):
     text = "Water boils at one"
     length = pack_text_prompts(lm.preprocessor, [text])[1][0]

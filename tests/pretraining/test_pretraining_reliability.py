@@ -237,6 +237,52 @@ def test_a_failed_preset_write_leaves_no_temporary_directory(
     assert read_summary(output)["last_good_step"] == 1
 
 
+def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """`summary.json` (and every file `write_json` writes) is replaced
+    through a temporary file; a write that fails for lack of space keeps the
+    old file and removes the temporary one (a `summary.json.tmp-PID` stayed
+    in the output after a full disk stopped the preset write)."""
+    from keras_mhf.utils import files
+
+    path = tmp_path / "summary.json"
+    files.write_json(str(path), {"status": "running"})
+
+    def full_disk(descriptor):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        files.write_json(str(path), {"status": "failed"})
+    assert os.listdir(tmp_path) == ["summary.json"]
+    assert json.loads(path.read_text()) == {"status": "running"}
+
+
+def test_an_unreadable_log_line_on_resume_names_the_file_and_line(tmp_path):
+    """A resumed run cuts `log.csv` back to its step; a row whose step is no
+    number was `ValueError: invalid literal for int()` without the file."""
+    from types import SimpleNamespace
+
+    from keras_mhf.pretraining.logs import LOG_FIELDS
+    from keras_mhf.pretraining.logs import trim_log
+
+    log = tmp_path / "log.csv"
+    rows = ["1,64", "2,128", "x3,192", "4,256"]
+    log.write_text(",".join(LOG_FIELDS) + "\n" + "\n".join(rows) + "\n")
+    config = SimpleNamespace(path=lambda name: str(tmp_path / name))
+    before = log.read_text()
+    with pytest.raises(
+        RunConfigError,
+        match=rf"{re.escape(str(log))}:4: not a log\.csv row \(its step is "
+        r"'x3'\).*Delete or fix that line \(or delete log\.csv",
+    ):
+        trim_log(config, 2)
+    assert log.read_text() == before
+    log.write_text(before.replace("x3", "3"))
+    trim_log(config, 2)
+    kept = [line.split(",")[:2] for line in log.read_text().splitlines()[1:]]
+    assert kept == [["1", "64"], ["2", "128"]]
+
+
 DISK_FULL_CHILD = """
 import sys
 from keras_mhf.cli.main import main

@@ -14,6 +14,7 @@ from keras_mhf.pretraining import RunConfig
 from keras_mhf.pretraining import RunConfigError
 from keras_mhf.pretraining import pretrain
 from tests.pretraining_helpers import RUN
+from tests.pretraining_helpers import compilation_cache_env
 from tests.pretraining_helpers import prepared_corpus
 from tests.pretraining_helpers import run_flags
 
@@ -81,7 +82,10 @@ def test_sigint_and_sigterm_stop_a_command_mid_chunk(tmp_path, corpus):
     command += ["--data", corpus[0], "--output", str(tmp_path / "run")]
     command += run_flags(settings)
     log = tmp_path / "run" / "log.csv"
-    env = dict(os.environ, KERAS_BACKEND="jax")
+    # The second process reads the first's compiled programs.
+    env = dict(
+        compilation_cache_env(str(tmp_path / "jax_cache")), KERAS_BACKEND="jax"
+    )
     for number, status, rows in (
         (signal.SIGINT, 130, 1),
         (signal.SIGTERM, 143, 2),
