@@ -25,6 +25,7 @@ from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm_preprocessor
 from keras_mhf.models.multi_hash_former.multi_hash_former_tokenizer import (
     MultiHashFormerTokenizer,
 )
+from keras_mhf.models.preset_loading import load_causal_lm
 from keras_mhf.models.qwen3_decoder_block import Qwen3DecoderBlock
 from keras_mhf.models.standard.standard_backbone import StandardBackbone
 from keras_mhf.models.standard.standard_causal_lm import StandardCausalLM

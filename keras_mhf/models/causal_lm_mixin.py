@@ -4,12 +4,16 @@ top of KerasHub's `CausalLM`: checked `fit` and `generate`
 endpoints, the Hugging Face export, and a compile config that `.keras`
 loading restores."""
 
+import os
+
 import keras
 import keras_hub
 
 from keras_mhf.models import causal_lm_inputs
 from keras_mhf.models import generation
 from keras_mhf.utils.concurrent_inference import serialized
+from keras_mhf.utils.files import fsync_directory
+from keras_mhf.utils.files import fsync_file
 from keras_mhf.utils.keras_private import flatten_layers
 from keras_mhf.utils.keras_utils import in_memory_fit
 
@@ -41,6 +45,40 @@ class CausalLMMixin:
         x = causal_lm_inputs.checked_fit_inputs(self, x, y)
         with in_memory_fit(x, args, kwargs):  # KerasHub's batching, quietly
             return super().fit(x, y, *args, **kwargs)
+
+    def save(self, filepath, overwrite=True, **kwargs):
+        """`keras.Model.save`; a `.keras` file is written under a temporary
+        name in the same folder and renamed into place, so a killed or
+        failed save (a full disk) never leaves a cut-short file, and an
+        older file stays whole until the new one is complete.
+
+        Example:
+
+        ```python
+        lm.save("model.keras")  # keras.saving.load_model reads it back
+        ```
+        """
+        local = isinstance(filepath, (str, os.PathLike))
+        path = os.fspath(filepath) if local else None
+        plain = (
+            path is None
+            or not path.endswith(".keras")
+            or "://" in path  # a remote file system
+            or kwargs.get("zipped") is False  # a folder
+            or (os.path.exists(path) and not overwrite)  # Keras asks
+        )
+        if plain:
+            return super().save(filepath, overwrite=overwrite, **kwargs)
+        folder, name = os.path.split(os.path.abspath(path))
+        temporary = os.path.join(folder, f".{name}.tmp-{os.getpid()}.keras")
+        try:
+            super().save(temporary, overwrite=True, **kwargs)
+            fsync_file(temporary)
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.remove(temporary)
+        fsync_directory(folder)
 
     @serialized
     def generate(

@@ -1,8 +1,9 @@
 """`load_causal_lm`: the one loader of the command line (`evaluate`,
 `inspect`, `export`, `expand-vocabulary`) and the evaluation for whatever
 `--preset` names: a KerasHub preset of a MultiHashFormer or Standard model,
-or a Hugging Face folder that `export --format transformers` wrote (MHF in
-the authors' format, Standard as a stock `Qwen3ForCausalLM`).
+a Hugging Face folder that `export --format transformers` wrote (MHF in
+the authors' format, Standard as a stock `Qwen3ForCausalLM`), or (from
+Python) a `.keras` file, checked before Keras reads it.
 
 `keras_hub.models.CausalLM.from_preset` reads neither Hugging Face export
 (KerasHub has no converter for `multi_hash_former`, and its Qwen3 converter
@@ -15,6 +16,7 @@ Example:
 
 ```python
 lm = load_causal_lm("runs/mhf/preset")  # or runs/mhf/hf, an HF export
+lm = load_causal_lm("model.keras")  # a cut-short file is named as damaged
 ```
 """
 
@@ -40,20 +42,53 @@ def _backbone_class_name(preset):
     return config.get("class_name") if isinstance(config, dict) else None
 
 
+def keras_file_problem(path):
+    """What is wrong with a `.keras` file as a complete one (`None` if
+    nothing): a `.keras` file is a zip archive, and one cut short (a save
+    that was killed, a partial copy) or damaged is not, or fails its
+    checksums (Keras' own loader calls it "File not found")."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (OSError, zipfile.BadZipFile, EOFError) as error:
+        return f"it is not a complete .keras (zip) file ({error})"
+    if bad is not None:
+        return f"its part {bad!r} fails its checksum"
+    return None
+
+
 def load_causal_lm(preset, **kwargs):
     """The causal LM of `preset` (`kwargs` go to its `from_preset`), in the
-    precision it was saved in.
+    precision it was saved in; `preset` may also be a `.keras` file
+    (`lm.save("m.keras")`), checked first: a cut-short or damaged one is
+    named as such.
 
     Raises:
         ValueError: a Hugging Face folder that cannot be read as either
-            export (what to do is in the message), or the loaders' errors.
+            export (what to do is in the message), a damaged `.keras`
+            file, or the loaders' errors.
     """
     import keras_hub
 
+    if os.fspath(preset).endswith(".keras") and os.path.isfile(preset):
+        import keras
+
+        problem = keras_file_problem(preset)
+        if problem:
+            raise ValueError(
+                f"{os.fspath(preset)} is damaged or cut short: {problem}. "
+                "Save the model again (lm.save), or load its preset."
+            )
+        return keras.saving.load_model(preset, **kwargs)
+
     from keras_mhf.export.transformers import convert_multi_hash_former
     from keras_mhf.export.transformers import convert_qwen3
-    from keras_mhf.models import MultiHashFormerCausalLM
-    from keras_mhf.models import StandardCausalLM
+    from keras_mhf.models.multi_hash_former.multi_hash_former_causal_lm import (
+        MultiHashFormerCausalLM,
+    )
+    from keras_mhf.models.standard.standard_causal_lm import StandardCausalLM
 
     if convert_multi_hash_former.is_authors_checkpoint(preset):
         kwargs = _saved_export_precision(preset, kwargs)
