@@ -24,7 +24,8 @@ from keras_mhf.cli.common import parser_from_doc
 from keras_mhf.data.prepare import DEFAULT_SHARD_TOKENS
 
 
-def main(argv=None, prog=None):
+def build_parser(prog=None):
+    """The arguments of `keras-mhf prepare`."""
     parser = parser_from_doc(__doc__, prog)
     parser.add_argument(
         "inputs",
@@ -98,6 +99,11 @@ def main(argv=None, prog=None):
         action="store_true",
         help="no progress report on stderr",
     )
+    return parser
+
+
+def main(argv=None, prog=None):
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     from keras_mhf.data.prepare import prepare_data
     from keras_mhf.utils.disk_space import disk_full_reason
