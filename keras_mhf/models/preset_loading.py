@@ -3,7 +3,7 @@
 `--preset` names: a KerasHub preset of a MultiHashFormer or Standard model,
 a Hugging Face folder that `export --format transformers` wrote (MHF in
 the authors' format, Standard as a stock `Qwen3ForCausalLM`), or (from
-Python) a `.keras` file, checked before Keras reads it.
+Python) a `.keras` file, whose archive is checked when Keras cannot read it.
 
 `keras_hub.models.CausalLM.from_preset` reads neither Hugging Face export
 (KerasHub has no converter for `multi_hash_former`, and its Qwen3 converter
@@ -62,8 +62,8 @@ def keras_file_problem(path):
 def load_causal_lm(preset, **kwargs):
     """The causal LM of `preset` (`kwargs` go to its `from_preset`), in the
     precision it was saved in; `preset` may also be a `.keras` file
-    (`lm.save("m.keras")`), checked first: a cut-short or damaged one is
-    named as such.
+    (`lm.save("m.keras")`): one that fails to load because it is cut short
+    or damaged is named as such.
 
     Raises:
         ValueError: a Hugging Face folder that cannot be read as either
@@ -75,13 +75,17 @@ def load_causal_lm(preset, **kwargs):
     if os.fspath(preset).endswith(".keras") and os.path.isfile(preset):
         import keras
 
-        problem = keras_file_problem(preset)
-        if problem:
+        try:
+            return keras.saving.load_model(preset, **kwargs)
+        except Exception as error:
+            # Only a failed load reads the archive again, to say why.
+            problem = keras_file_problem(preset)
+            if problem is None:
+                raise
             raise ValueError(
                 f"{os.fspath(preset)} is damaged or cut short: {problem}. "
                 "Save the model again (lm.save), or load its preset."
-            )
-        return keras.saving.load_model(preset, **kwargs)
+            ) from error
 
     from keras_mhf.export.transformers import convert_multi_hash_former
     from keras_mhf.export.transformers import convert_qwen3
