@@ -11,6 +11,7 @@ import keras_hub
 
 from keras_mhf.models import causal_lm_inputs
 from keras_mhf.models import generation
+from keras_mhf.models import generation_stream
 from keras_mhf.utils.concurrent_inference import serialized
 from keras_mhf.utils.files import fsync_directory
 from keras_mhf.utils.files import fsync_file
@@ -124,6 +125,53 @@ class CausalLMMixin:
             strip_prompt=strip_prompt,
             max_new_tokens=max_new_tokens,
             truncate=truncate,
+        )
+
+    def generate_stream(
+        self,
+        inputs,
+        max_length=None,
+        stop_token_ids="auto",
+        *,
+        max_new_tokens=None,
+        truncate=None,
+        stop=None,
+        sampler=None,
+        chunk_size=generation_stream.DEFAULT_CHUNK_SIZE,
+    ):
+        """`generate`, streamed: yields text pieces as they are made (after
+        checking the tokenizer); see
+        `keras_mhf.models.generation_stream.generate_stream`.
+
+        Args:
+            inputs: a string (pieces are strings), a list of strings (each
+                item is a list of pieces, one per prompt) or, without a
+                preprocessor, token ids `{"token_ids", "padding_mask"}`
+                (each item is a list of new-id arrays).
+            max_length, stop_token_ids, max_new_tokens, truncate: as in
+                `generate`.
+            stop: strings that end the text before them.
+            sampler: a KerasHub sampler (or name) for this call.
+            chunk_size: decoding steps per compiled call.
+
+        Example:
+
+        ```python
+        for piece in lm.generate_stream("The cell", max_new_tokens=16):
+            print(piece, end="", flush=True)
+        ```
+        """
+        self.check_tokenizer()
+        return generation_stream.generate_stream(
+            self,
+            inputs,
+            max_length=max_length,
+            stop_token_ids=stop_token_ids,
+            max_new_tokens=max_new_tokens,
+            truncate=truncate,
+            stop=stop,
+            sampler=sampler,
+            chunk_size=chunk_size,
         )
 
     def export(

@@ -18,7 +18,7 @@ from keras_mhf.models.causal_lm_inputs import size_token_id_prompts
 from keras_mhf.utils.keras_private import normalize_generate_outputs
 
 
-def _stop_token_ids(causal_lm, stop_token_ids):
+def resolved_stop_token_ids(causal_lm, stop_token_ids):
     """KerasHub's resolution of `stop_token_ids="auto"`."""
     if not (isinstance(stop_token_ids, str) and stop_token_ids == "auto"):
         return stop_token_ids
@@ -38,7 +38,7 @@ def _stop_token_ids(causal_lm, stop_token_ids):
     return stop_token_ids
 
 
-def _distribute(x):
+def distribute(x):
     """Lays the inputs out for the active `keras.distribution` (KerasHub's
     `generate` does the same)."""
     distribution = keras.distribution.distribution()
@@ -185,7 +185,7 @@ def generate(
     """
     check_length_arguments(max_length, max_new_tokens, truncate)
     preprocessor = causal_lm.preprocessor
-    stop_token_ids = _stop_token_ids(causal_lm, stop_token_ids)
+    stop_token_ids = resolved_stop_token_ids(causal_lm, stop_token_ids)
     if preprocessor is None and truncate is not None:
         raise ValueError(
             "generate: truncate='left' applies to text prompts (it keeps the "
@@ -206,7 +206,7 @@ def generate(
             prompt, lengths = pack_text_prompts(
                 preprocessor, batch, max_length, max_new_tokens, truncate
             )
-        prompt = _distribute(prompt)
+        prompt = distribute(prompt)
         output = generate_function(prompt, stop_token_ids=stop_token_ids)
         if max_new_tokens is not None:
             output = _limit_new_tokens(output, lengths, max_new_tokens)

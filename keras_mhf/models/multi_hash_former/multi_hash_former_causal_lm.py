@@ -10,6 +10,7 @@ from keras_hub.models import CausalLM
 from keras_mhf.losses import fused_signature_loss as fused_loss
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
 from keras_mhf.models.causal_lm_inputs import check_score_arguments
+from keras_mhf.models import generation_stream
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
     multi_hash_former_bucket_index as bucket_index,
@@ -330,6 +331,22 @@ class MultiHashFormerCausalLM(TableQuantizationMixin, CausalLMMixin, CausalLM):
             )
         return generation.top_k_generate_step(
             self, inputs, stop_token_ids, cache, k
+        )
+
+    def decoding_loop(self, sampler, mask, stop_token_ids):
+        """The loop `generate_step` runs, for streaming
+        (`keras_mhf.models.generation_stream`): MultiHashFormer's top-k step
+        for greedy and top-k samplers, KerasHub's sampler step otherwise."""
+        k = generation.sampler_top_k(sampler)
+        if k is None:
+            return generation_stream.sampled_loop(
+                self, sampler, mask, stop_token_ids
+            )
+        cond, body, initial = generation.top_k_loop(
+            self, sampler, mask, stop_token_ids, k
+        )
+        return generation_stream.DecodingLoop(
+            cond, body, initial, self.decoding_statistics
         )
 
     def make_generate_function(self):

@@ -24,6 +24,8 @@ import keras_hub
 from keras import ops
 from keras import random
 
+from keras_mhf.models.generation_stream import any_stop_token
+from keras_mhf.models.generation_stream import stop_condition
 from keras_mhf.models.multi_hash_former.multi_hash_former_inference import heads
 from keras_mhf.models.multi_hash_former.multi_hash_former_inference import (
     sum_over_heads,
@@ -353,14 +355,6 @@ def counted_generate_function(compiled, vocabulary_size, statistics):
     return generate_function
 
 
-def _any_stop_token(token_ids, stop_token_ids, mask):
-    """`[b, s]` bool: a stop token at a generated (unmasked) position."""
-    hits = ops.zeros_like(token_ids, dtype="bool")
-    for stop in stop_token_ids:
-        hits = ops.logical_or(hits, token_ids == stop)
-    return ops.logical_and(hits, mask)
-
-
 def _outputs(token_ids, stop_token_ids, mask, **extra):
     """KerasHub's generation outputs: the ids and a padding mask that ends
     after each row's first generated stop token."""
@@ -368,19 +362,12 @@ def _outputs(token_ids, stop_token_ids, mask, **extra):
         padding_mask = ops.ones_like(token_ids, dtype="bool")
     else:
         ends = ops.cast(
-            _any_stop_token(token_ids, stop_token_ids, ops.logical_not(mask)),
+            any_stop_token(token_ids, stop_token_ids, ops.logical_not(mask)),
             "int32",
         )
         overflow = ops.cast(ops.cumsum(ends, axis=-1), "int32") - ends
         padding_mask = ops.logical_not(ops.cast(overflow, "bool"))
     return {"token_ids": token_ids, "padding_mask": padding_mask, **extra}
-
-
-def _stopped(prompt, stop_token_ids, mask):
-    if stop_token_ids is None:
-        return ops.convert_to_tensor(True, dtype="bool")
-    ends = _any_stop_token(prompt, stop_token_ids, ops.logical_not(mask))
-    return ops.logical_not(ops.all(ops.any(ends, axis=-1)))
 
 
 # After a failed certificate the next steps scan the vocabulary without
@@ -407,21 +394,15 @@ def _next_backoff(wait, streak, scanned):
     return ops.stack([wait, streak])
 
 
-def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
+def top_k_loop(causal_lm, sampler, mask, stop_token_ids, k):
     """KerasHub's generation loop (prompt mask, stop tokens, KV cache) with
-    the greedy / top-k choice made by `next_token`. `cache` is the prompt's
-    (`causal_lm._build_cache`). Returns the usual outputs plus
-    `"candidate_fallbacks"` (steps that scanned the whole vocabulary) and
-    `"decoding_steps"`."""
-    token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
-    row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
-    index = ops.cast(ops.min(row_lengths), "int32")
-    max_length = ops.cast(ops.shape(token_ids)[-1], "int32")
-    mask = ops.cast(padding_mask, "bool")
-    sampler = causal_lm.sampler
+    the greedy / top-k choice made by `next_token`, over the loop variables
+    `(prompt, cache, index, fallbacks, steps, backoff)`: `(cond, body, the
+    last three's initial values)`. `fallbacks` counts the steps that
+    scanned the whole vocabulary, `steps` the steps."""
 
     def cond(prompt, cache, index, fallbacks, steps, backoff):
-        return _stopped(prompt, stop_token_ids, mask)
+        return stop_condition(prompt, stop_token_ids, mask)
 
     def body(prompt, cache, index, fallbacks, steps, backoff):
         batch_size = ops.shape(prompt)[0]
@@ -446,10 +427,27 @@ def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
         )
 
     zero = ops.convert_to_tensor(0, "int32")
+    return cond, body, (zero, zero, ops.zeros(2, "int32"))
+
+
+def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
+    """`top_k_loop` run to the end in one call. `cache` is the prompt's
+    (`causal_lm._build_cache`). Returns the usual outputs plus
+    `"candidate_fallbacks"` (steps that scanned the whole vocabulary) and
+    `"decoding_steps"`."""
+    token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+    row_lengths = ops.sum(ops.cast(padding_mask, "int32"), axis=-1)
+    index = ops.cast(ops.min(row_lengths), "int32")
+    max_length = ops.cast(ops.shape(token_ids)[-1], "int32")
+    mask = ops.cast(padding_mask, "bool")
+    sampler = causal_lm.sampler
+    cond, body, extra = top_k_loop(
+        causal_lm, sampler, mask, stop_token_ids, k
+    )
     token_ids, _, _, fallbacks, steps, _ = sampler.run_loop(
         cond,
         body,
-        loop_vars=(token_ids, cache, index, zero, zero, ops.zeros(2, "int32")),
+        loop_vars=(token_ids, cache, index, *extra),
         maximum_iterations=max_length - index,
         model=causal_lm,
     )

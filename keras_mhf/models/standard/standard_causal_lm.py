@@ -3,6 +3,7 @@
 import keras
 from keras_hub.models import Qwen3CausalLM
 
+from keras_mhf.models import generation_stream
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former.multi_hash_former_architectures import (
     parse_architecture,
@@ -75,6 +76,14 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
                     self.backbone.compute_dtype,
                 ),
             )
+
+    def decoding_loop(self, sampler, mask, stop_token_ids):
+        """The loop KerasHub's Qwen3 `generate_step` runs (the sampler's
+        step on `call_with_cache`), for streaming
+        (`keras_mhf.models.generation_stream`)."""
+        return generation_stream.sampled_loop(
+            self, sampler, mask, stop_token_ids
+        )
 
     def token_log_probs(self, hidden_states):
         """Final hidden states `[..., d]` -> token log-probs `[..., V]`
