@@ -207,8 +207,11 @@ def join(port, process_id):
 def worker(process_id, port, workdir, job, kill):
     """A process of a 2-process job writing `workdir/job`; `kill`
     ("EVENT:STEP" or "none") SIGKILLs it at that checkpoint event."""
+    # Added to the caller's XLA_FLAGS, which the workers keep as the single
+    # process does (tools/test.sh's optimisation level 0 halved this check).
     os.environ["XLA_FLAGS"] = (
-        f"--xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={DEVICES_PER_PROCESS}"
     )
     join(port, process_id)
     if os.environ.get("MULTIPROCESS_CHECK_TRACE"):  # where a hung job waits
