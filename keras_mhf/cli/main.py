@@ -31,6 +31,14 @@ COMMANDS = {
         "inspect",
         "parameters, weight bytes and signature collisions",
     ),
+    "generate": (
+        "generate",
+        "generate text from a preset, streamed as it is made",
+    ),
+    "serve": (
+        "serve",
+        "serve a preset with the OpenAI completions API (lm-eval, openai)",
+    ),
     "quickstart": (
         "quickstart",
         "train, generate, evaluate and export a small model",

@@ -105,6 +105,54 @@ def check_streamable(sampler):
         )
 
 
+SAMPLERS = ("greedy", "top_k", "top_p", "random")
+
+
+def make_sampler(name, temperature=1.0, top_k=5, top_p=0.9, seed=None):
+    """A KerasHub sampler from command-line or API settings.
+
+    Args:
+        name: `"greedy"`, `"top_k"`, `"top_p"` or `"random"`.
+        temperature: > 0, divides the scores before sampling (not greedy).
+        top_k: int >= 1, for `"top_k"`.
+        top_p: in (0, 1], for `"top_p"`.
+        seed: int or `None`: the sampler's random stream (the same seed and
+            prompt give the same tokens).
+
+    Example:
+
+    ```python
+    lm.generate_stream("The cell", max_new_tokens=8,
+                       sampler=make_sampler("top_p", 0.8, top_p=0.9, seed=1))
+    ```
+    """
+    samplers = keras_hub.samplers
+    if name not in SAMPLERS:
+        raise ValueError(
+            f"sampler must be one of {', '.join(SAMPLERS)}; got {name!r}."
+        )
+    if name == "greedy":
+        return samplers.GreedySampler()
+    if not temperature > 0:
+        raise ValueError(
+            f"temperature must be > 0 to sample; got {temperature!r} (use "
+            "the greedy sampler for temperature 0)."
+        )
+    if name == "top_k":
+        if int(top_k) < 1:
+            raise ValueError(f"top_k must be >= 1; got {top_k!r}.")
+        return samplers.TopKSampler(
+            k=int(top_k), seed=seed, temperature=temperature
+        )
+    if name == "top_p":
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}.")
+        return samplers.TopPSampler(
+            p=float(top_p), seed=seed, temperature=temperature
+        )
+    return samplers.RandomSampler(seed=seed, temperature=temperature)
+
+
 def _sampler_key(sampler):
     config = dict(sampler.get_config())
     config.pop("seed", None)  # the state is copied in; see `_Decoder`
@@ -267,6 +315,12 @@ class TokenStream:
             "length" if limit == 0 else None for limit in self.limits
         ]
         self.steps = 0
+
+    def end_row(self, row, reason):
+        """Ends `row` now (a stop string, a client gone): the stream reads
+        nothing more for it, and ends when every row has ended."""
+        if self.finish_reasons[row] is None:
+            self.finish_reasons[row] = reason
 
     @property
     def done(self):
