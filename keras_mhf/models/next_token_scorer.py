@@ -50,7 +50,7 @@ class _NextTokenHead(CausalLMHead):
     """Final hidden states and token ids (and, for MHF, the scoring
     temperature per row) -> per-position statistics of the next token:
     `(log_prob [b, s-1], is_argmax [b, s-1], max_log_prob [b, s-1])`, all
-    float32."""
+    float32, and the argmax's id `[b, s-1]` (int32)."""
 
     def call(self, hidden_states, token_ids, temperature=None):
         hidden_states = hidden_states[:, :-1]
@@ -60,19 +60,21 @@ class _NextTokenHead(CausalLMHead):
             picked, best, argmax = statistics(
                 hidden_states, targets, temperature=temperature[0]
             )
-            return picked, ops.cast(argmax == targets, "float32"), best
+            argmax = ops.cast(argmax, "int32")
+            return picked, ops.cast(argmax == targets, "float32"), best, argmax
         log_probs = self.causal_lm.token_log_probs(hidden_states)
         picked = ops.take_along_axis(log_probs, targets[..., None], axis=-1)
         best = ops.max(log_probs, axis=-1)
-        is_argmax = ops.argmax(log_probs, axis=-1) == targets
-        return picked[..., 0], ops.cast(is_argmax, "float32"), best
+        argmax = ops.cast(ops.argmax(log_probs, axis=-1), "int32")
+        is_argmax = argmax == targets
+        return picked[..., 0], ops.cast(is_argmax, "float32"), best, argmax
 
     def compute_output_spec(self, hidden_states, token_ids, temperature=None):
         batch, length = token_ids.shape[0], token_ids.shape[1]
         length = None if length is None else length - 1
         return tuple(
-            keras.KerasTensor((batch, length), dtype="float32")
-            for _ in range(3)
+            keras.KerasTensor((batch, length), dtype=dtype)
+            for dtype in ("float32", "float32", "float32", "int32")
         )
 
 
@@ -256,11 +258,11 @@ class NextTokenScorer:
     def _scorer_name(batch_size):
         return ("next_token", batch_size)
 
-    def __call__(self, token_ids, padding_mask=None):
+    def __call__(self, token_ids, padding_mask=None, with_argmax=False):
         """Scores `[n, s]` ids: `(log_probs, is_argmax, max_log_probs)`, each
         `[n, s-1]` numpy (float32, bool, float32), where `log_probs[i, t] =
         log p(token_ids[i, t+1] | token_ids[i, :t+1])` over the whole
-        vocabulary."""
+        vocabulary; `with_argmax`: also the argmax's ids (int32)."""
         token_ids = np.asarray(token_ids, "int32")
         if padding_mask is None:
             padding_mask = np.ones_like(token_ids)
@@ -272,7 +274,7 @@ class NextTokenScorer:
         count, length = token_ids.shape
         padded = -(-length // self.length_multiple) * self.length_multiple
         self.shapes.add((self.batch_size, padded))
-        outputs = [[], [], []]
+        outputs = [[], [], [], []]
         for start in range(0, count, self.batch_size):
             ids = np.zeros((self.batch_size, padded), "int32")
             mask = np.zeros((self.batch_size, padded), "int32")
@@ -287,5 +289,9 @@ class NextTokenScorer:
             for output, values in zip(outputs, result):
                 values = np.asarray(ops.convert_to_numpy(values))
                 output.append(values[:rows, : length - 1])
-        log_probs, is_argmax, best = (np.concatenate(o) for o in outputs)
+        log_probs, is_argmax, best, argmax = (
+            np.concatenate(o) for o in outputs
+        )
+        if with_argmax:
+            return log_probs, is_argmax > 0.5, best, argmax
         return log_probs, is_argmax > 0.5, best

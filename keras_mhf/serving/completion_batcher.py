@@ -269,6 +269,7 @@ class CompletionBatcher:
         """A streamed echo request's first event: the prompt."""
         added = job.request.added_start[i]
         logprobs = self._prompt_logprobs(job, i, ids)
+        logprobs = None if logprobs is None else logprobs[0]
         shown = ids[1:] if added else ids
         job.on_event(
             Event(
@@ -288,17 +289,19 @@ class CompletionBatcher:
             ids[1:] if job.request.added_start[i] else ids
         )
 
-    def _prompt_logprobs(self, job, i, ids):
-        """The prompt's log-probs (the first shown token, with nothing
-        before it, gets `None`)."""
+    def _prompt_logprobs(self, job, i, ids, generated=()):
+        """Log-probs of the prompt (the first shown token, with nothing
+        before it, gets `None`) and of `generated`, from one scoring pass:
+        `(prompt's, generated's)`, each `(values, tops)`, or `None`."""
         if job.request.logprobs is None:
             return None
-        added = job.request.added_start[i]
-        scored = self._logprobs(job, ids, 1) or ([], [])
-        values, tops = list(scored[0]), list(scored[1])
-        if not added:
-            values, tops = [None] + values, [None] + tops
-        return values, tops
+        scored = self._logprobs(job, list(ids) + list(generated), 1)
+        values, tops = scored or ([], [])
+        cut = len(ids) - 1
+        prompt = (list(values[:cut]), list(tops[:cut]))
+        if not job.request.added_start[i]:
+            prompt = ([None] + prompt[0], [None] + prompt[1])
+        return prompt, (list(values[cut:]), list(tops[cut:]))
 
     def _send_text(self, job, i, ids, generated, start, text):
         logprobs = None
@@ -318,11 +321,9 @@ class CompletionBatcher:
             "logprobs": None,
         }
         if not job.request.stream and job.request.logprobs is not None:
-            prompt = (
-                self._prompt_logprobs(job, i, ids)
-                if job.request.echo
-                else None
-            )
-            completion = self._logprobs(job, ids + generated, len(ids))
-            data["logprobs"] = (prompt, completion)
+            if job.request.echo:
+                data["logprobs"] = self._prompt_logprobs(job, i, ids, generated)
+            else:
+                completion = self._logprobs(job, ids + generated, len(ids))
+                data["logprobs"] = (None, completion)
         job.on_event(Event("finish", i, data))

@@ -59,7 +59,7 @@ def token_logprobs(causal_lm, rows, starts, top):
     """
     scorer = NextTokenScorer.for_model(causal_lm)
     ids, mask = pad_batch(rows)
-    picked, is_argmax, best = scorer(ids, mask)
+    picked, is_argmax, best, argmax = scorer(ids, mask, with_argmax=True)
     results = []
     for row, (tokens, start) in enumerate(zip(rows, starts)):
         positions = np.arange(start - 1, len(tokens) - 1)
@@ -67,23 +67,25 @@ def token_logprobs(causal_lm, rows, starts, top):
         if not top or not len(positions):
             results.append((values, None if not top else []))
             continue
-        top_ids, top_values = _top_entries(causal_lm, tokens, start, top)
+        if top > 1:
+            top_ids, top_values = _top_entries(causal_lm, tokens, start, top)
         tops = []
         for i, p in enumerate(positions):
             token, value = int(tokens[p + 1]), values[i]
-            entries = [
-                (int(t), float(v)) for t, v in zip(top_ids[i], top_values[i])
-            ]
+            # The scorer's argmax heads the list: the token itself, with
+            # its own value, or the argmax with the scorer's best value
+            # (above the token's, so lm-eval's greedy check agrees).
             if is_argmax[row, p]:
-                # The scorer's argmax heads the list with its own value.
-                entries = [(token, value)] + [e for e in entries if e[0] != token]
+                head = (token, value)
             else:
-                # The scorer's best value heads it, above the token's.
-                head = float(max(best[row, p], np.nextafter(value, np.inf)))
-                others = [e for e in entries if e[0] != token]
-                first = others[0][0] if others else None
-                entries = [(first, head)] + [
-                    e for e in entries if e[0] != first
+                high = max(best[row, p], np.nextafter(value, np.inf))
+                head = (int(argmax[row, p]), float(high))
+            entries = [head]
+            if top > 1:
+                entries += [
+                    (int(t), float(v))
+                    for t, v in zip(top_ids[i], top_values[i])
+                    if int(t) != head[0]
                 ]
             tops.append(entries[:top])
         results.append((values, tops))
