@@ -908,3 +908,185 @@ def data_report(results, rss_limit_mb, loader_factor):
         )
         lines.append("")
     return "\n".join(lines)
+
+# --- streaming generation (benchmarks.streaming) ---
+
+STREAMING_MODELS = {"mhf": "MHF", "standard": "Standard"}
+
+STREAMING_HEADER = [
+    "model",
+    "`generate` tok/s",
+    "stream tok/s",
+    "stream / `generate`",
+    "first token ms",
+    "first piece ms",
+    "`generate` ms (whole answer)",
+    "ids: `generate` tok/s",
+    "ids: stream tok/s",
+    "ids: stream / `generate`",
+]
+
+
+def _ms(seconds):
+    return "—" if seconds is None else f"{1000 * seconds:,.1f}"
+
+
+def streaming_rows(results, target=0.8):
+    """The rows of `benchmarks.streaming`'s table: per model, `generate`'s
+    and the text stream's tokens/s and their ratio (bold when it meets
+    `target`), the time to the first token (token-id stream) and to the
+    first non-empty text piece, `generate`'s time for the whole answer, and
+    the token-id `generate` and stream."""
+    rows = []
+    for r in results:
+        ratio = f"{r['stream_ratio']:.2f}x"
+        if r["stream_ratio"] >= target:
+            ratio = f"**{ratio}**"
+        rows.append(
+            [
+                STREAMING_MODELS.get(r["model"], r["model"]),
+                f"{r['generate_tokens_per_s']:,.0f}",
+                f"{r['stream_tokens_per_s']:,.0f}",
+                ratio,
+                _ms(r["first_token_s"]),
+                _ms(r["first_piece_s"]),
+                _ms(r["generate_s"]),
+                f"{r['id_generate_tokens_per_s']:,.0f}",
+                f"{r['id_stream_tokens_per_s']:,.0f}",
+                f"{r['id_stream_ratio']:.2f}x",
+            ]
+        )
+    return rows
+
+
+def streaming_table(results, target=0.8):
+    """`benchmarks.streaming`'s Markdown table of its `results`."""
+    return markdown_table(STREAMING_HEADER, streaming_rows(results, target))
+
+
+def streaming_caption(settings, backend):
+    """What `benchmarks.streaming`'s table measured (its `settings`, on
+    `backend`)."""
+    how = {
+        "jax": "`generate` one `jax.jit` call, the stream one per chunk",
+        "tensorflow": "`tf.function` calls",
+        "torch": "eager, both",
+    }.get(backend, "")
+    threads = settings.get("torch_threads")
+    if backend == "torch" and threads:
+        how += (
+            f"; {threads} intra-op thread"
+            + ("s" if threads != 1 else "")
+            + " (`torch.set_num_threads`)"
+        )
+    return (
+        f"`{settings['architecture']}` and Standard on its trunk (random "
+        f"weights, float32), a {settings['vocabulary_size']:,}-piece "
+        f"SentencePiece tokenizer; batch 1, greedy, the prompt "
+        f'"{settings["prompt"]}", {settings["new_tokens"]} new tokens '
+        "(`stop_token_ids=None`), the stream at its default `chunk_size` "
+        f"({how}); best of {settings['repeats']} rounds, the two models "
+        "timed in turns after a compiling call of each. Text: "
+        '`generate(prompt, strip_prompt=True)` and `"".join(generate_stream'
+        "(prompt))`, whose texts are the same; ids: the same prompt packed "
+        "as token ids, the preprocessor detached. First token: when the "
+        "token-id stream's first chunk (one token) arrives; first piece: "
+        "when the text stream's first non-empty piece does (a piece holds "
+        "back half a character, so it may come a chunk later). Target: "
+        "stream >= 0.8x `generate`. CPU, 2 shared cores."
+    )
+
+
+def streaming_summary(data):
+    """Sentences on a `benchmarks.streaming` run: each model's stream
+    ratio against the target, and MHF over Standard."""
+    target = data.get("target", 0.8)
+    parts = []
+    for r in data["results"]:
+        met = "meets" if r["stream_ratio"] >= target else "misses"
+        parts.append(
+            f"{STREAMING_MODELS.get(r['model'], r['model'])}'s stream "
+            f"makes {r['stream_ratio']:.2f}x `generate`'s tokens/s "
+            f"({met} the {target}x target; on token ids "
+            f"{r['id_stream_ratio']:.2f}x), its first token after "
+            f"{_ms(r['first_token_s'])} ms against "
+            f"{_ms(r['generate_s'])} ms for `generate`'s whole answer"
+        )
+    text = "; ".join(parts) + "."
+    ratios = data.get("mhf_over_standard", {})
+    if ratios:
+        text += (
+            " MHF / Standard: `generate` tokens/s "
+            f"{ratios['generate_tokens_per_s']:.2f}x, stream tokens/s "
+            f"{ratios['stream_tokens_per_s']:.2f}x, time to first token "
+            f"{ratios['first_token_s']:.2f}x."
+        )
+    same = all(r.get("same_text") for r in data["results"])
+    text += (
+        " The streamed text was `generate`'s in every round."
+        if same
+        else " The streamed text differed from `generate`'s."
+    )
+    return text
+
+
+def streaming_chunk_table(sweep):
+    """Tokens/s of the text and token-id streams at each chunk size (and
+    the compiled calls it takes), one row per chunk size, a column pair per
+    model."""
+    models = list(dict.fromkeys(r["model"] for r in sweep))
+    header = ["chunk_size", "compiled calls"]
+    for m in models:
+        name = STREAMING_MODELS.get(m, m)
+        header += [f"{name} text tok/s", f"{name} ids tok/s"]
+    rows = []
+    for chunk in sorted({r["chunk_size"] for r in sweep}):
+        mine = {r["model"]: r for r in sweep if r["chunk_size"] == chunk}
+        row = [chunk, next(iter(mine.values()))["calls"]]
+        for m in models:
+            r = mine.get(m)
+            row += (
+                [
+                    f"{r['stream_tokens_per_s']:,.0f}",
+                    f"{r['id_stream_tokens_per_s']:,.0f}",
+                ]
+                if r
+                else ["", ""]
+            )
+        rows.append(row)
+    return markdown_table(header, rows)
+
+
+def streaming_profile_table(profile):
+    """Where the stream's time beyond `generate`'s goes, per model: the
+    extra ms (text and ids), the fitted fixed cost of a compiled call,
+    `generate`'s ms per token, `TextPieces`' ms (in all and per push) and
+    the host copy of the ids."""
+    header = [
+        "model",
+        "stream - `generate` ms (text)",
+        "(ids)",
+        "ms per compiled call (fit)",
+        "`generate` ms per token",
+        "`TextPieces` ms (pushes)",
+        "ms per push",
+        "host copy µs",
+        "variable list µs",
+    ]
+    rows = []
+    for model, p in profile.items():
+        per_call = p.get("per_call_ms")
+        rows.append(
+            [
+                STREAMING_MODELS.get(model, model),
+                f"{p['overhead_ms']:.1f}",
+                f"{p['id_overhead_ms']:.1f}",
+                "—" if per_call is None else f"{per_call:.2f}",
+                f"{p['generate_ms_per_token']:.2f}",
+                f"{p['detokenize_ms']:.1f} ({p['detokenize_pushes']})",
+                f"{p['detokenize_ms_per_push']:.2f}",
+                f"{p['host_copy_us']:.0f}",
+                f"{p['variables_us']:.0f}",
+            ]
+        )
+    return markdown_table(header, rows)

@@ -7,9 +7,10 @@ benchmarks/results.
 
 The tables are computed from the JSON files that `benchmarks.benchmark`,
 `benchmarks.benchmark_data`, `benchmarks.benchmark_evaluation`,
-`benchmarks.evaluation_at_scale`, `benchmarks.quantization_quality` and
-`benchmarks.accumulation_memory` write, by the functions of
-`benchmarks.result_tables` that write those scripts' own reports.
+`benchmarks.evaluation_at_scale`, `benchmarks.quantization_quality`,
+`benchmarks.accumulation_memory` and `benchmarks.streaming` write, by
+the functions of `benchmarks.result_tables` that write those scripts' own
+reports.
 `benchmarks.head_memory` writes only Markdown tables, so the
 training-memory section reads those (`head_memory_100m_*.md`). The
 prose around the tables is the template in this file; `tests/test_docs.py`
@@ -348,6 +349,67 @@ def accumulation_section():
     return out
 
 
+# --- streaming generation (benchmarks.streaming) ---
+
+STREAMING_COMMANDS = {
+    "jax": "python -m benchmarks.streaming",
+    "torch": "KERAS_BACKEND=torch python -m benchmarks.streaming --repeats 3 "
+    "--sweep-repeats 1 --chunk-sizes 1 8 32",
+}
+
+
+def streaming_section():
+    names = [
+        (backend, f"streaming_{backend}.json")
+        for backend in BACKENDS
+        if _exists(f"streaming_{backend}.json")
+    ]
+    if not names:
+        return []
+    out = [
+        "## Streaming generation",
+        "",
+        "`generate_stream` runs `generate`'s decoding loop `chunk_size` "
+        "steps per compiled call on a kept KV cache (the first call makes "
+        "one token) and hands out each call's tokens as text pieces. Its "
+        "tokens/s over a whole answer against `generate`'s, its time to "
+        "the first token against `generate`'s time for the whole answer, "
+        "and where the stream's extra time goes: the chunk-size sweep, the "
+        "fixed cost of a compiled call (a least-squares fit of the token-id "
+        "stream's time against its number of calls), `TextPieces`' "
+        "detokenizing (the ids replayed chunk by chunk) and the host copy "
+        "of the ids.",
+    ]
+    for backend, name in names:
+        data = _load(name)
+        command = STREAMING_COMMANDS.get(
+            backend,
+            f"KERAS_BACKEND={backend} python -m benchmarks.streaming",
+        )
+        out += [
+            "",
+            f"### {BACKEND_NAMES[backend]}",
+            "",
+            result_tables.streaming_caption(data["settings"], backend)
+            + f" `{command}`.",
+            "",
+            *result_tables.streaming_table(data["results"], data["target"]),
+            "",
+            result_tables.streaming_summary(data),
+            "",
+            "Tokens/s of the whole stream against `chunk_size`:",
+            "",
+            *result_tables.streaming_chunk_table(data["chunk_sizes"]),
+            "",
+            "Where the stream's extra time goes (at the default `chunk_size`):",
+            "",
+            *result_tables.streaming_profile_table(data["profile"]),
+            "",
+            f"Measured in {_link(name)}.",
+        ]
+    return out
+
+
 # --- inference against V (benchmarks.benchmark --inference ...) ---
 
 
@@ -604,6 +666,7 @@ def render():
         memory_section,
         accumulation_section,
         vocabulary_section,
+        streaming_section,
         scoring_section,
         fallback_section,
         quantization_section,
