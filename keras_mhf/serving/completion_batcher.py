@@ -99,6 +99,7 @@ class CompletionBatcher:
         self.samplers = {}  # unseeded sampling keeps one random stream
         self.batches = 0
         self.batched_rows = 0
+        self.cancelled_rows = 0  # rows whose client left
         self.thread = None
 
     def start(self):
@@ -155,6 +156,9 @@ class CompletionBatcher:
                 if remaining <= 0:
                     break
             self.deferred.extendleft(reversed(kept))
+            for j in batch:
+                if j.cancelled.is_set():
+                    self.cancelled_rows += len(j.request.prompts)
             batch = [j for j in batch if not j.cancelled.is_set()]
             if batch:
                 self._run_reporting_errors(batch)
@@ -228,6 +232,8 @@ class CompletionBatcher:
         for new_ids in stream:
             for r, (ids, _, job, i) in enumerate(rows):
                 if job.cancelled.is_set():
+                    if stream.finish_reasons[r] is None:
+                        self.cancelled_rows += 1
                     stream.end_row(r, "cancelled")
                     continue
                 new = [int(t) for t in new_ids[r]]

@@ -157,6 +157,7 @@ def completions_app(
             "model": served.name,
             "batches": batcher.batches,
             "batched_rows": batcher.batched_rows,
+            "cancelled_rows": batcher.cancelled_rows,
         }
 
     @app.get("/v1/models")
