@@ -40,7 +40,10 @@ def build_parser(prog=None):
         "--max-new-tokens", type=int, default=64,
         help="most new tokens per prompt",
     )
-    parser.add_argument("--sampler", choices=SAMPLERS, default="greedy")
+    parser.add_argument(
+        "--sampler", choices=SAMPLERS, default="greedy",
+        help="how each token is chosen",
+    )
     parser.add_argument(
         "--temperature", type=float, default=1.0,
         help="divides the scores before sampling (not greedy)",
@@ -51,7 +54,9 @@ def build_parser(prog=None):
     parser.add_argument(
         "--top-p", type=float, default=0.9, help="probability mass for top_p"
     )
-    parser.add_argument("--seed", type=int, help="seed of the sampler")
+    parser.add_argument(
+        "--seed", type=int, help="seed of the sampler (repeatable sampling)"
+    )
     parser.add_argument(
         "--stop", action="append", default=[], metavar="TEXT",
         help="end the answer before this text (repeatable)",

@@ -624,3 +624,96 @@ def test_a_bfloat16_preset_keeps_its_precision(bfloat16_presets, capsys):
     )
     assert "BF16" in _safetensors_dtypes(exported / "model.safetensors")
     assert "F32" not in _safetensors_dtypes(exported / "model.safetensors")
+
+
+def test_generate_prompts_files_pipes_and_a_prompt_loop(
+    trained, capsys, monkeypatch, small_proto
+):
+    """`keras-mhf generate` on the pretrained MHF preset and on a Standard
+    preset: a prompt prints `generate`'s greedy text; `--prompt-file`
+    writes JSON Lines (seeded sampling repeats itself); piped lines get an
+    answer each; `--stop` cuts the text; in the prompt loop Ctrl-C ends
+    one answer and the loop goes on."""
+    from keras_mhf.cli import generate as generate_command
+    from keras_mhf.models import MultiHashFormerTokenizer
+    from keras_mhf.models import standard_causal_lm
+    from keras_mhf.models.preset_loading import load_causal_lm
+
+    _, preset = trained
+    standard = standard_causal_lm(
+        MultiHashFormerTokenizer(small_proto), "tiny", sequence_length=32
+    )
+    standard.save_to_preset("standard")
+    for path in (preset, Path("standard")):
+        lm = load_causal_lm(str(path))
+        lm.compile(sampler="greedy")
+        want = lm.generate("The cell", max_new_tokens=6, strip_prompt=True)
+        status, out, _ = run_cli(
+            ["generate", "--preset", path, "The cell", "--max-new-tokens", 6],
+            capsys,
+        )
+        assert (status, out) == (0, want + "\n")
+    Path("prompts.txt").write_text("The cell\n\nWater\n")
+    runs = [
+        run_cli(
+            ["generate", "--preset", preset, "--prompt-file", "prompts.txt"]
+            + ["--max-new-tokens", 6, "--sampler", "top_p", "--seed", 3],
+            capsys,
+        )
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1] and runs[0][0] == 0
+    records = [json.loads(line) for line in runs[0][1].splitlines()]
+    assert [(r["line"], r["prompt"]) for r in records] == [
+        (1, "The cell"),
+        (3, "Water"),
+    ]
+    assert all(r["finish_reason"] in ("stop", "length") for r in records)
+    lm = load_causal_lm(str(preset))
+    lm.compile(sampler="greedy")
+    want = lm.generate("The cell", max_new_tokens=6, strip_prompt=True)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The cell\nThe cell\n"))
+    status, out, _ = run_cli(
+        ["generate", "--preset", preset, "--max-new-tokens", 6], capsys
+    )
+    assert (status, out) == (0, f"{want}\n{want}\n")
+    stop = want[2:4]
+    status, out, _ = run_cli(
+        ["generate", "--preset", preset, "The cell", "--max-new-tokens", 6]
+        + ["--stop", stop],
+        capsys,
+    )
+    assert out == want[: want.index(stop)] + "\n"
+    # The prompt loop: Ctrl-C during the first answer ends it; the second
+    # prompt is answered; Ctrl-D ends the loop.
+    lines = iter(["The cell", "The cell"])
+
+    def typed(prompt):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    answered = []
+    real = generate_command._print_answer
+
+    def print_answer(generator, prompt):
+        answered.append(prompt)
+        if len(answered) == 1:
+            raise KeyboardInterrupt
+        real(generator, prompt)
+
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+    monkeypatch.setattr("builtins.input", typed)
+    monkeypatch.setattr(generate_command, "_print_answer", print_answer)
+    status, out, _ = run_cli(
+        ["generate", "--preset", preset, "--max-new-tokens", 6], capsys
+    )
+    assert status == 0
+    assert out == f" [stopped]\n{want}\n\n"
+    status, _, err = run_cli(
+        ["generate", "--preset", preset, "x", "--sampler", "top_k"]
+        + ["--temperature", 0],
+        capsys,
+    )
+    assert status == 2 and "--temperature must be > 0" in err
