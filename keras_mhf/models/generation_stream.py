@@ -4,8 +4,9 @@
 Here the same loop (the same body: the sampler's or MultiHashFormer's top-k
 step, prompt mask and stop tokens) runs a few steps at a time on a KV cache
 kept between the calls: the prompt's forward pass (`prefill`), then
-`advance` for `chunk_size` steps (one step first, so the first token comes
-after the prompt's pass and one step), compiled once per shape like
+`advance` for one step (so the first token comes after the prompt's pass
+and one step), `chunk_size` steps, and twice as many each call after, up to
+`MAX_CHUNK_GROWTH * chunk_size`, compiled once per shape like
 `generate` (`jax.jit`, `tf.function`; eagerly on PyTorch). The host reads each
 row's new tokens between calls, ends a row at its first stop token or its
 token limit, and stops when every row has ended. The random stream is the
@@ -40,8 +41,11 @@ from keras_mhf.utils.concurrent_inference import inference
 from keras_mhf.utils.keras_private import build_generation_cache
 from keras_mhf.utils.token_ids import check_token_ids
 
-# Decoding steps per compiled call after the first (which makes one token).
+# Decoding steps per compiled call after the first (which makes one token);
+# the calls after it double their steps up to `MAX_CHUNK_GROWTH` times this,
+# so a long answer pays few calls' fixed cost.
 DEFAULT_CHUNK_SIZE = 8
+MAX_CHUNK_GROWTH = 4
 
 DecodingLoop = collections.namedtuple(
     "DecodingLoop", ["cond", "body", "initial", "statistics"]
@@ -174,17 +178,23 @@ def _compile(causal_lm, sampler, function):
         return function
     import jax
 
+    # Listed once: walking the layers for them on every call costs more
+    # than a short chunk's steps (`_decoder` builds again when they change).
+    sampler_variables = list(sampler.variables)
+    trainable = list(causal_lm.trainable_variables)
+    non_trainable = list(causal_lm.non_trainable_variables)
+
     def stateless(state, *args):
-        sampler_values, trainable, non_trainable = state
+        sampler_values, trainable_values, non_trainable_values = state
         mapping = itertools.chain(
-            zip(sampler.variables, sampler_values),
-            zip(causal_lm.trainable_variables, trainable),
-            zip(causal_lm.non_trainable_variables, non_trainable),
+            zip(sampler_variables, sampler_values),
+            zip(trainable, trainable_values),
+            zip(non_trainable, non_trainable_values),
         )
         with keras.StatelessScope(state_mapping=mapping) as scope:
             outputs = function(*args)
         sampler_values = []
-        for v in sampler.variables:
+        for v in sampler_variables:
             new = scope.get_current_value(v)
             sampler_values.append(v.value if new is None else new)
         return outputs, sampler_values
@@ -193,12 +203,12 @@ def _compile(causal_lm, sampler, function):
 
     def call(*args):
         state = (
-            [v.value for v in sampler.variables],
-            [v.value for v in causal_lm.trainable_variables],
-            [v.value for v in causal_lm.non_trainable_variables],
+            [v.value for v in sampler_variables],
+            [v.value for v in trainable],
+            [v.value for v in non_trainable],
         )
         outputs, sampler_values = jitted(state, *args)
-        for variable, value in zip(sampler.variables, sampler_values):
+        for variable, value in zip(sampler_variables, sampler_values):
             variable.assign(value)
         return outputs
 
@@ -247,11 +257,21 @@ def _decoder(causal_lm, sampler, stop_token_ids):
         _sampler_key(sampler),
         None if stop_token_ids is None else tuple(stop_token_ids),
         getattr(generate_function, "decoding_key", None),
+        # New variables (LoRA enabled, a quantized layer) build it again.
+        tuple(id(v) for v in causal_lm.weights),
     )
     decoders = _DECODERS.setdefault(causal_lm, {})
     if key not in decoders:
         decoders[key] = _Decoder(causal_lm, sampler, stop_token_ids)
     return decoders[key]
+
+
+def _scalar(value):
+    """An int32 scalar argument of a compiled call (on JAX a numpy scalar,
+    which costs less to pass than a backend tensor)."""
+    if keras.config.backend() == "jax":
+        return np.int32(value)
+    return ops.convert_to_tensor(value, "int32")
 
 
 class TokenStream:
@@ -270,7 +290,9 @@ class TokenStream:
         limits: each row's most new tokens.
         stop_token_ids: ids that end a row (`None`: none).
         sampler: a KerasHub sampler (default: the model's).
-        chunk_size: decoding steps per compiled call after the first.
+        chunk_size: decoding steps of the second compiled call (the first
+            makes one token); each later call doubles them, up to
+            `MAX_CHUNK_GROWTH` times `chunk_size`.
 
     Example:
 
@@ -371,15 +393,19 @@ class TokenStream:
                     token_ids, cache, index_tensor, extra = decoder.advance(
                         token_ids,
                         cache,
-                        ops.convert_to_tensor(index, "int32"),
+                        _scalar(index),
                         extra,
                         mask,
-                        ops.convert_to_tensor(steps, "int32"),
+                        _scalar(steps),
                     )
                     host = np.asarray(ops.convert_to_numpy(token_ids))
                     index = int(ops.convert_to_numpy(index_tensor))
                 yield self._read(host, index)
-                steps = self.chunk_size
+                steps = (
+                    self.chunk_size
+                    if steps == 1
+                    else min(2 * steps, MAX_CHUNK_GROWTH * self.chunk_size)
+                )
                 if index == previous:
                     break  # every row has a stop token (the loop's cond)
                 previous = index
@@ -537,8 +563,8 @@ def generate_stream(
             them, like a stop token.
         sampler: a KerasHub sampler (or its name) for this call instead of
             the model's compiled one.
-        chunk_size: decoding steps per compiled call (the first call makes
-            one token).
+        chunk_size: decoding steps of the second compiled call (the first
+            makes one token; later calls double them, up to 4x).
 
     Yields:
         For one string: text pieces (`str`), whose concatenation is
