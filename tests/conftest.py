@@ -177,8 +177,9 @@ LONGEST_FIRST = (
     "test_distribution.py",
     "test_stop_signals.py",
     "test_replicate.py",
-    "test_vocabulary_expansion.py",
+    "test_server.py",
     "test_pretraining_faults.py",
+    "test_generation_stream.py",
     "test_docs.py",
     "test_pretraining.py",
     "test_multi_hash_former_causal_lm.py",
@@ -190,6 +191,7 @@ LONGEST_FIRST = (
     "test_precision.py",
     "test_gradient_accumulation.py",
     "test_training_curves.py",
+    "test_vocabulary_expansion.py",
 )
 
 

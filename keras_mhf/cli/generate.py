@@ -30,22 +30,30 @@ def build_parser(prog=None):
     parser = parser_from_doc(__doc__, prog)
     parser.add_argument("prompt", nargs="?", help="the prompt")
     parser.add_argument(
-        "--preset", required=True, type=preset_directory,
+        "--preset",
+        required=True,
+        type=preset_directory,
         help="preset directory (or a Hugging Face export, or a .keras file)",
     )
     parser.add_argument(
         "--prompt-file", help="one prompt per line; JSON Lines out"
     )
     parser.add_argument(
-        "--max-new-tokens", type=int, default=64,
+        "--max-new-tokens",
+        type=int,
+        default=64,
         help="most new tokens per prompt",
     )
     parser.add_argument(
-        "--sampler", choices=SAMPLERS, default="greedy",
+        "--sampler",
+        choices=SAMPLERS,
+        default="greedy",
         help="how each token is chosen",
     )
     parser.add_argument(
-        "--temperature", type=float, default=1.0,
+        "--temperature",
+        type=float,
+        default=1.0,
         help="divides the scores before sampling (not greedy)",
     )
     parser.add_argument(
@@ -58,11 +66,15 @@ def build_parser(prog=None):
         "--seed", type=int, help="seed of the sampler (repeatable sampling)"
     )
     parser.add_argument(
-        "--stop", action="append", default=[], metavar="TEXT",
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
         help="end the answer before this text (repeatable)",
     )
     parser.add_argument(
-        "--truncate-left", action="store_true",
+        "--truncate-left",
+        action="store_true",
         help="keep the end of a prompt too long for the model, instead of "
         "refusing it",
     )
@@ -102,10 +114,10 @@ class _Generator:
         self.finish_reason = None
 
     def stream(self, prompt):
+        from keras_mhf.models.causal_lm_inputs import pack_text_prompts
+        from keras_mhf.models.generation import resolved_stop_token_ids
         from keras_mhf.models.generation_stream import TextPieces
         from keras_mhf.models.generation_stream import TokenStream
-        from keras_mhf.models.generation import resolved_stop_token_ids
-        from keras_mhf.models.causal_lm_inputs import pack_text_prompts
 
         args = self.args
         packed, lengths = pack_text_prompts(

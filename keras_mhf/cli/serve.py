@@ -37,11 +37,14 @@ from keras_mhf.settings.rules import preset_directory
 def build_parser(prog=None):
     parser = parser_from_doc(__doc__, prog)
     parser.add_argument(
-        "--preset", required=True, type=preset_directory,
+        "--preset",
+        required=True,
+        type=preset_directory,
         help="preset directory (or a Hugging Face export, or a .keras file)",
     )
     parser.add_argument(
-        "--host", default="127.0.0.1",
+        "--host",
+        default="127.0.0.1",
         help="address to bind (0.0.0.0 serves other machines too)",
     )
     parser.add_argument(
@@ -52,28 +55,38 @@ def build_parser(prog=None):
         help="the model's id in the API (default: the preset folder's name)",
     )
     parser.add_argument(
-        "--max-model-len", type=int,
+        "--max-model-len",
+        type=int,
         help="longest prompt plus completion in tokens (default: the "
         "preset's sequence_length)",
     )
     parser.add_argument(
-        "--max-batch-size", type=int, default=8,
+        "--max-batch-size",
+        type=int,
+        default=8,
         help="most prompts generated together",
     )
     parser.add_argument(
-        "--batch-wait-ms", type=float, default=20.0,
+        "--batch-wait-ms",
+        type=float,
+        default=20.0,
         help="how long the first request of a batch waits for others",
     )
     parser.add_argument(
-        "--chunk-size", type=int, default=8,
+        "--chunk-size",
+        type=int,
+        default=8,
         help="decoding steps between streamed pieces",
     )
     parser.add_argument(
-        "--max-body-bytes", type=int, default=8 * 2**20,
+        "--max-body-bytes",
+        type=int,
+        default=8 * 2**20,
         help="largest request body (larger: 413)",
     )
     parser.add_argument(
-        "--log-requests", action="store_true",
+        "--log-requests",
+        action="store_true",
         help="print uvicorn's line for each request",
     )
     return parser
@@ -167,7 +180,9 @@ def main(argv=None, prog=None):
         signal.signal(number, lambda signum, frame: stopped.append(signum))
     server.run(sockets=[sock])
     if not server.started:
-        print(f"{parser.prog}: error: the server did not start", file=sys.stderr)
+        print(
+            f"{parser.prog}: error: the server did not start", file=sys.stderr
+        )
         return 1
     print(f"{parser.prog}: stopped", flush=True)
     return 0

@@ -85,9 +85,7 @@ def sampled_loop(causal_lm, sampler, mask, stop_token_ids):
     def body(prompt, cache, index):
         batch_size = ops.shape(prompt)[0]
         previous = ops.slice(prompt, [0, index - 1], [batch_size, 1])
-        logits, _, cache = causal_lm.call_with_cache(
-            previous, cache, index - 1
-        )
+        logits, _, cache = causal_lm.call_with_cache(previous, cache, index - 1)
         probabilities = sampler.compute_probabilities(logits[:, 0])
         chosen = ops.cast(sampler.get_next_token(probabilities), prompt.dtype)
         chosen = ops.where(mask[:, index], prompt[:, index], chosen)
@@ -410,9 +408,7 @@ class TokenStream:
                     break  # every row has a stop token (the loop's cond)
                 previous = index
         finally:
-            for mine, theirs in zip(
-                self.sampler.variables, template.variables
-            ):
+            for mine, theirs in zip(self.sampler.variables, template.variables):
                 mine.assign(theirs.value)
             if loop.statistics is not None and len(extra) >= 2:
                 loop.statistics.fallbacks += int(ops.convert_to_numpy(extra[0]))

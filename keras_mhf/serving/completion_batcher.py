@@ -268,7 +268,7 @@ class CompletionBatcher:
         top = job.request.logprobs
         if top is None or start >= len(ids):
             return None
-        (values, tops), = token_logprobs(self.causal_lm, [ids], [start], top)
+        ((values, tops),) = token_logprobs(self.causal_lm, [ids], [start], top)
         return values, (tops if top else [None] * len(values))
 
     def _echo(self, job, i, ids):
@@ -281,8 +281,12 @@ class CompletionBatcher:
             Event(
                 "text",
                 i,
-                {"text": self._prompt_text(job, i), "ids": shown,
-                 "logprobs": logprobs, "echo": True},
+                {
+                    "text": self._prompt_text(job, i),
+                    "ids": shown,
+                    "logprobs": logprobs,
+                    "echo": True,
+                },
             )
         )
 

@@ -36,7 +36,8 @@ async def _read_json(request, limit):
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise ApiError(
-            413, f"The request body is {length} bytes; at most {limit}.",
+            413,
+            f"The request body is {length} bytes; at most {limit}.",
             code="request_too_large",
         )
     body = bytearray()
@@ -44,7 +45,8 @@ async def _read_json(request, limit):
         body += chunk
         if len(body) > limit:
             raise ApiError(
-                413, f"The request body is over {limit} bytes.",
+                413,
+                f"The request body is over {limit} bytes.",
                 code="request_too_large",
             )
     try:
@@ -59,8 +61,10 @@ def _logprobs_object(served, request, i, data):
     prompt, completion = data["logprobs"]
     ids, values, tops = [], [], []
     if prompt is not None:
-        shown = request.prompts[i][1:] if request.added_start[i] else (
-            request.prompts[i]
+        shown = (
+            request.prompts[i][1:]
+            if request.added_start[i]
+            else (request.prompts[i])
         )
         ids += shown
         values += prompt[0]
@@ -120,9 +124,7 @@ def completions_app(
     async def lifespan(app):
         batcher.start()
         if warm_up:
-            await _complete(
-                {"prompt": "", "max_tokens": 1, "temperature": 0}
-            )
+            await _complete({"prompt": "", "max_tokens": 1, "temperature": 0})
         yield
         batcher.stop(timeout=60)
 
@@ -168,7 +170,8 @@ def completions_app(
     def model(name: str):
         if name != served.name:
             raise ApiError(
-                404, f"The model `{name}` does not exist.",
+                404,
+                f"The model `{name}` does not exist.",
                 code="model_not_found",
             )
         return served.card()
@@ -205,7 +208,8 @@ def completions_app(
         bad = [t for t in tokens if not 0 <= t < size]
         if bad:
             raise ApiError(
-                400, f"token id {bad[0]} is out of range (0 to {size - 1}).",
+                400,
+                f"token id {bad[0]} is out of range (0 to {size - 1}).",
                 param="tokens",
             )
         return {"prompt": served.tokenizer.decode(tokens)}
@@ -281,26 +285,47 @@ def completions_app(
                     break
                 if event.kind == "end":
                     if request.include_usage:
-                        yield chunk([], usage=_usage(request, completion_tokens))
+                        yield chunk(
+                            [], usage=_usage(request, completion_tokens)
+                        )
                     break
                 data, i = event.data, event.row
                 if event.kind == "finish":
                     completion_tokens += len(data["ids"])
-                    yield chunk([{"index": i, "text": "", "logprobs": None,
-                                  "finish_reason": data["reason"]}])
+                    yield chunk(
+                        [
+                            {
+                                "index": i,
+                                "text": "",
+                                "logprobs": None,
+                                "finish_reason": data["reason"],
+                            }
+                        ]
+                    )
                     continue
                 logprobs = None
                 if data["logprobs"] is not None:
                     values, tops = data["logprobs"]
                     at = offsets.get(i, 0)
                     logprobs = openai_logprobs(
-                        served, data["ids"], values,
-                        tops if request.logprobs else None, at,
+                        served,
+                        data["ids"],
+                        values,
+                        tops if request.logprobs else None,
+                        at,
                         first=i not in offsets or data.get("echo", False),
                     )
                 offsets[i] = offsets.get(i, 0) + len(data["text"])
-                yield chunk([{"index": i, "text": data["text"],
-                              "logprobs": logprobs, "finish_reason": None}])
+                yield chunk(
+                    [
+                        {
+                            "index": i,
+                            "text": data["text"],
+                            "logprobs": logprobs,
+                            "finish_reason": None,
+                        }
+                    ]
+                )
             yield "data: [DONE]\n\n"
         finally:
             job.cancel()

@@ -127,6 +127,7 @@ def openai_logprobs(served, ids, values, tops, offset, first=True):
 def _entry_text(tokenizer, token, texts):
     if token is None:
         return "<unknown>"
-    return tokenizer.token_texts([token], first=False)[0] or (
-        tokenizer.vocabulary[token]
+    return (
+        tokenizer.token_texts([token], first=False)[0]
+        or (tokenizer.vocabulary[token])
     )

@@ -2,16 +2,14 @@
 `generate`, MHF and Standard), so it cannot rot; its real runs are in
 docs/performance.md. `--quick` (a tiny model, 8 tokens) in a PyTorch
 process, whose tiny models need no compiling (under JAX its compiles take
-most of half a minute); once per suite, in the PyTorch pass: what it checks
-is the script, and `generate_stream` itself is tested on every backend."""
+most of half a minute), started from the large step: what it checks is the
+script, and `generate_stream` itself is tested on every backend."""
 
 import json
 import os
 
-import keras
 import pytest
 
-from tests.conftest import ONCE_BACKEND
 from tests.conftest import run_module
 
 MODEL_FIELDS = {
@@ -38,8 +36,6 @@ MODEL_FIELDS = {
 
 @pytest.mark.large
 def test_streaming_benchmark_quick(tmp_path):
-    if keras.config.backend() != ONCE_BACKEND:
-        pytest.skip(f"runs once, in the KERAS_BACKEND={ONCE_BACKEND} pass")
     out = tmp_path / "streaming.json"
     env = dict(os.environ, KERAS_BACKEND="torch")
     run_module(

@@ -51,9 +51,18 @@ def server(preset):
     port = _free_port()
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "keras_mhf.cli.main", "serve",
-            "--preset", preset, "--port", str(port),
-            "--batch-wait-ms", "300", "--max-body-bytes", "20000",
+            sys.executable,
+            "-m",
+            "keras_mhf.cli.main",
+            "serve",
+            "--preset",
+            preset,
+            "--port",
+            str(port),
+            "--batch-wait-ms",
+            "300",
+            "--max-body-bytes",
+            "20000",
         ],
         cwd=str(REPO),
         stdout=subprocess.PIPE,
@@ -84,7 +93,9 @@ def server(preset):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(
-        base_url=f"{server['url']}/v1", api_key="none", timeout=120,
+        base_url=f"{server['url']}/v1",
+        api_key="none",
+        timeout=120,
         max_retries=0,
     )
 
@@ -111,8 +122,12 @@ def test_openai_client_streams_generates_text(client, local_lm):
     assert done.usage.prompt_tokens == 3  # <s> The cell
     chunks = list(
         client.completions.create(
-            model=NAME, prompt="The cell", max_tokens=12, temperature=0,
-            stream=True, stream_options={"include_usage": True},
+            model=NAME,
+            prompt="The cell",
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     texts = [c.choices[0].text for c in chunks if c.choices]
@@ -122,9 +137,15 @@ def test_openai_client_streams_generates_text(client, local_lm):
     # Seeded sampling repeats itself.
     seeded = [
         client.completions.create(
-            model=NAME, prompt="Water", max_tokens=8, temperature=0.9,
-            top_p=0.9, seed=5,
-        ).choices[0].text
+            model=NAME,
+            prompt="Water",
+            max_tokens=8,
+            temperature=0.9,
+            top_p=0.9,
+            seed=5,
+        )
+        .choices[0]
+        .text
         for _ in range(2)
     ]
     assert seeded[0] == seeded[1]
@@ -141,7 +162,8 @@ def test_models_health_and_tokenizer_routes(server, client, local_lm):
     tokenizer = local_lm.preprocessor.tokenizer
     want = [int(t) for t in keras.ops.convert_to_numpy(tokenizer("The cell"))]
     got = requests.post(
-        f"{url}/tokenize", json={"prompt": "The cell", "add_special_tokens": False}
+        f"{url}/tokenize",
+        json={"prompt": "The cell", "add_special_tokens": False},
     ).json()["tokens"]
     assert got == want
     got = requests.post(f"{url}/tokenize", json={"prompt": "</s>"}).json()
@@ -161,7 +183,11 @@ def test_echo_logprobs_are_the_evaluation_scores(client, local_lm):
         for p in prompts
     ]
     done = client.completions.create(
-        model=NAME, prompt=rows, max_tokens=1, temperature=0, echo=True,
+        model=NAME,
+        prompt=rows,
+        max_tokens=1,
+        temperature=0,
+        echo=True,
         logprobs=1,
     )
     for choice, row in zip(sorted(done.choices, key=lambda c: c.index), rows):
@@ -197,7 +223,9 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, client):
         for body, status, param in BAD:
             if isinstance(body, bytes):
                 response = http.post(
-                    url, data=body, timeout=60,
+                    url,
+                    data=body,
+                    timeout=60,
                     headers={"content-type": "application/json"},
                 )
             else:
@@ -229,7 +257,10 @@ def test_concurrent_requests_share_a_batch(server, client):
     def ask(i):
         barrier.wait(timeout=30)
         stream = client.completions.create(
-            model=NAME, prompt=f"Water {i}", max_tokens=6, temperature=0,
+            model=NAME,
+            prompt=f"Water {i}",
+            max_tokens=6,
+            temperature=0,
             stream=True,
         )
         texts[i] = "".join(c.choices[0].text for c in stream if c.choices)
@@ -245,9 +276,16 @@ def test_concurrent_requests_share_a_batch(server, client):
     assert after["batches"] - before["batches"] == 1
     # A client that leaves after its first piece.
     with requests.post(
-        f"{url}/v1/completions", timeout=60, stream=True,
-        json={"model": NAME, "prompt": "The", "max_tokens": 80,
-              "temperature": 0, "stream": True},
+        f"{url}/v1/completions",
+        timeout=60,
+        stream=True,
+        json={
+            "model": NAME,
+            "prompt": "The",
+            "max_tokens": 80,
+            "temperature": 0,
+            "stream": True,
+        },
     ) as response:
         next(line for line in response.iter_lines() if line)
     for _ in range(100):
@@ -272,21 +310,33 @@ def test_lm_eval_local_completions_gives_evaluates_numbers(
     definitions, files = write_lm_eval_tasks(str(tmp_path))
     names = ["lambada", "piqa"]
     ours = evaluation.evaluate_preset(
-        preset, tasks=[(n, files[n]) for n in names],
+        preset,
+        tasks=[(n, files[n]) for n in names],
         output=str(tmp_path / "ours.jsonl"),
     )
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     out = tmp_path / "lm_eval"
     done = subprocess.run(
         [
-            sys.executable, "-m", "lm_eval", "--model", "local-completions",
+            sys.executable,
+            "-m",
+            "lm_eval",
+            "--model",
+            "local-completions",
             "--model_args",
             f"model={NAME},base_url={server['url']}/v1/completions,"
             "tokenizer_backend=remote",
-            "--tasks", ",".join(f"local_{n}" for n in names),
-            "--include_path", definitions, "--output_path", str(out),
+            "--tasks",
+            ",".join(f"local_{n}" for n in names),
+            "--include_path",
+            definitions,
+            "--output_path",
+            str(out),
         ],
-        capture_output=True, text=True, timeout=600, env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
         cwd=str(tmp_path),
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -303,7 +353,9 @@ def test_lm_eval_local_completions_gives_evaluates_numbers(
             if metric in metrics:
                 np.testing.assert_allclose(
                     results[f"local_{name}"][f"{metric},none"],
-                    metrics[metric], rtol=1e-5, err_msg=f"{name} {metric}",
+                    metrics[metric],
+                    rtol=1e-5,
+                    err_msg=f"{name} {metric}",
                 )
 
 
@@ -315,9 +367,16 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
 
     def read():
         with requests.post(
-            f"{server['url']}/v1/completions", timeout=120, stream=True,
-            json={"model": NAME, "prompt": "The", "max_tokens": 60,
-                  "temperature": 0, "stream": True},
+            f"{server['url']}/v1/completions",
+            timeout=120,
+            stream=True,
+            json={
+                "model": NAME,
+                "prompt": "The",
+                "max_tokens": 60,
+                "temperature": 0,
+                "stream": True,
+            },
         ) as response:
             for line in response.iter_lines(decode_unicode=True):
                 lines.append(line)
@@ -328,7 +387,7 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
     reader.start()
     reader.join(timeout=120)
     assert process.wait(timeout=60) == 0
-    events = [line[len("data: "):] for line in lines if line]
+    events = [line[len("data: ") :] for line in lines if line]
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     assert last["choices"][0]["finish_reason"] in ("length", "stop")

@@ -9,8 +9,8 @@ from keras_hub.models import CausalLM
 
 from keras_mhf.losses import fused_signature_loss as fused_loss
 from keras_mhf.losses.signature_cross_entropy import SignatureCrossEntropy
-from keras_mhf.models.causal_lm_inputs import check_score_arguments
 from keras_mhf.models import generation_stream
+from keras_mhf.models.causal_lm_inputs import check_score_arguments
 from keras_mhf.models.causal_lm_mixin import CausalLMMixin
 from keras_mhf.models.multi_hash_former import (
     multi_hash_former_bucket_index as bucket_index,
