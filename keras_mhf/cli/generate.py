@@ -23,6 +23,8 @@ import sys
 from keras_mhf.cli.common import parser_from_doc
 from keras_mhf.settings.rules import preset_directory
 
+# `keras_mhf.models.generation_stream.SAMPLERS`, which imports Keras: the
+# arguments are checked before Keras loads.
 SAMPLERS = ("greedy", "top_k", "top_p", "random")
 
 
@@ -101,53 +103,31 @@ def _check(parser, args):
 
 class _Generator:
     """The loaded model and the command's settings: `stream(prompt)`
-    yields text pieces and leaves `finish_reason`."""
+    yields text pieces (`generate_stream`) and leaves `finish_reason`."""
 
     def __init__(self, lm, args):
         from keras_mhf.models.generation_stream import make_sampler
 
         self.lm = lm
         self.args = args
+        # One sampler for the run: with --seed, the same run gives the same
+        # answers.
         self.sampler = make_sampler(
             args.sampler, args.temperature, args.top_k, args.top_p, args.seed
         )
         self.finish_reason = None
 
     def stream(self, prompt):
-        from keras_mhf.models.causal_lm_inputs import pack_text_prompts
-        from keras_mhf.models.generation import resolved_stop_token_ids
-        from keras_mhf.models.generation_stream import TextPieces
-        from keras_mhf.models.generation_stream import TokenStream
-
-        args = self.args
-        packed, lengths = pack_text_prompts(
-            self.lm.preprocessor,
-            [prompt],
-            max_new_tokens=args.max_new_tokens,
-            truncate="left" if args.truncate_left else None,
-        )
-        tokens = TokenStream(
-            self.lm,
-            packed,
-            lengths,
-            [args.max_new_tokens],
-            resolved_stop_token_ids(self.lm, "auto"),
+        self.finish_reason = None
+        stream = self.lm.generate_stream(
+            prompt,
+            max_new_tokens=self.args.max_new_tokens,
+            truncate="left" if self.args.truncate_left else None,
+            stop=self.args.stop,
             sampler=self.sampler,
         )
-        pieces = TextPieces(self.lm.preprocessor, args.stop)
-        self.finish_reason = None
-        for new_ids in tokens:
-            piece = pieces.push(new_ids[0])
-            if piece:
-                yield piece
-            if pieces.stopped:
-                break
-        piece = pieces.finish()
-        if piece:
-            yield piece
-        self.finish_reason = (
-            "stop" if pieces.stopped else tokens.finish_reasons[0]
-        )
+        yield from stream
+        self.finish_reason = stream.finish_reasons[0]
 
 
 def _print_answer(generator, prompt):

@@ -562,12 +562,14 @@ def generate_stream(
         chunk_size: decoding steps of the second compiled call (the first
             makes one token; later calls double them, up to 4x).
 
-    Yields:
-        For one string: text pieces (`str`), whose concatenation is
-        `generate(..., strip_prompt=True)`'s text. For a list of strings: a
+    Returns:
+        A `TextStream`, an iterable. For one string it yields text pieces
+        (`str`), whose concatenation is `generate(..., strip_prompt=True)`'s
+        text. For a list of strings: a
         list with one piece per prompt (`""` when a prompt has nothing
         new). For token ids: a list with each row's new ids (int32 arrays,
-        stop token excluded).
+        stop token excluded). Its `finish_reasons` say, once it has ended,
+        why each row did (`"stop"` or `"length"`).
 
     Example:
 
@@ -601,26 +603,59 @@ def generate_stream(
     stream = TokenStream(
         causal_lm, prompt, lengths, limits, stop_token_ids, sampler, chunk_size
     )
-    return _pieces(stream, preprocessor, stop, scalar)
+    return TextStream(stream, preprocessor, stop, scalar)
 
 
-def _pieces(stream, preprocessor, stop, scalar):
-    if preprocessor is None:
-        yield from stream
-        return
-    rows = [TextPieces(preprocessor, stop) for _ in stream.lengths]
-    for new_ids in stream:
-        pieces = [row.push(ids) for row, ids in zip(rows, new_ids)]
-        if scalar:
-            if pieces[0]:
-                yield pieces[0]
-        else:
-            yield pieces
-        if all(row.stopped for row in rows):
-            break
-    last = [row.finish() for row in rows]
-    if scalar:
-        if last[0]:
-            yield last[0]
-    elif any(last):
-        yield last
+class TextStream:
+    """`generate_stream`'s iterator: a `TokenStream`'s ids as text pieces
+    (`TextPieces` per row), one piece for a scalar prompt, else a list per
+    chunk; ids as they are without a preprocessor. `finish_reasons` (after
+    the stream ends): per row `"stop"` (a stop token or string) or
+    `"length"`.
+
+    Example:
+
+    ```python
+    stream = lm.generate_stream("The cell", max_new_tokens=8)
+    text = "".join(stream)
+    stream.finish_reasons  # ["length"] or ["stop"]
+    ```
+    """
+
+    def __init__(self, tokens, preprocessor, stop, scalar):
+        self.tokens = tokens
+        self.preprocessor = preprocessor
+        self.scalar = scalar
+        self.rows = None
+        if preprocessor is not None:
+            self.rows = [TextPieces(preprocessor, stop) for _ in tokens.lengths]
+
+    @property
+    def finish_reasons(self):
+        reasons = list(self.tokens.finish_reasons)
+        for i, row in enumerate(self.rows or ()):
+            if row.stopped:
+                reasons[i] = "stop"
+        return reasons
+
+    def __iter__(self):
+        if self.rows is None:
+            yield from self.tokens
+            return
+        for new_ids in self.tokens:
+            pieces = []
+            for i, (row, ids) in enumerate(zip(self.rows, new_ids)):
+                pieces.append(row.push(ids))
+                if row.stopped:
+                    self.tokens.end_row(i, "stop")
+            if self.scalar:
+                if pieces[0]:
+                    yield pieces[0]
+            else:
+                yield pieces
+        last = [row.finish() for row in self.rows]
+        if self.scalar:
+            if last[0]:
+                yield last[0]
+        elif any(last):
+            yield last

@@ -114,10 +114,11 @@ def test_stop_strings_end_the_text_before_them(models):
     lm.compile(sampler="greedy")
     text = "".join(lm.generate_stream(PROMPTS[1], max_new_tokens=NEW))
     stop = text[3:5]
-    pieces = list(
-        lm.generate_stream(PROMPTS[1], max_new_tokens=NEW, stop=[stop, "@@"])
+    stream = lm.generate_stream(
+        PROMPTS[1], max_new_tokens=NEW, stop=[stop, "@@"]
     )
-    assert "".join(pieces) == text[: text.index(stop)]
+    assert "".join(stream) == text[: text.index(stop)]
+    assert stream.finish_reasons == ["stop"]
 
 
 def test_text_pieces_hold_back_what_may_change(models):
