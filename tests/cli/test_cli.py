@@ -636,8 +636,8 @@ def test_generate_prompts_files_pipes_and_a_prompt_loop(
     one answer and the loop goes on."""
     from keras_mhf.cli import generate as generate_command
     from keras_mhf.models import MultiHashFormerTokenizer
-    from keras_mhf.models.generation_stream import SAMPLERS
     from keras_mhf.models import standard_causal_lm
+    from keras_mhf.models.generation_stream import SAMPLERS
     from keras_mhf.models.preset_loading import load_causal_lm
 
     assert generate_command.SAMPLERS == SAMPLERS
