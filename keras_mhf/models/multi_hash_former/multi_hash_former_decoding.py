@@ -441,9 +441,7 @@ def top_k_generate_step(causal_lm, inputs, stop_token_ids, cache, k):
     max_length = ops.cast(ops.shape(token_ids)[-1], "int32")
     mask = ops.cast(padding_mask, "bool")
     sampler = causal_lm.sampler
-    cond, body, extra = top_k_loop(
-        causal_lm, sampler, mask, stop_token_ids, k
-    )
+    cond, body, extra = top_k_loop(causal_lm, sampler, mask, stop_token_ids, k)
     token_ids, _, _, fallbacks, steps, _ = sampler.run_loop(
         cond,
         body,
