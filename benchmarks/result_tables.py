@@ -1090,3 +1090,129 @@ def streaming_profile_table(profile):
             ]
         )
     return markdown_table(header, rows)
+
+
+# --- serving (benchmarks.serving) ---
+
+SERVING_MODELS = {"mhf": "MHF", "standard": "Standard"}
+
+SERVING_HEADER = [
+    "model",
+    "1 client tok/s",
+    "1 client first chunk ms",
+    "8 clients tok/s",
+    "8 clients mean first chunk ms",
+    "8 / 1",
+    "batches (rows)",
+]
+
+
+def serving_caption(settings, backend):
+    """What `benchmarks.serving`'s table measured (its `settings`, on
+    `backend`)."""
+    threads = settings.get("torch_threads")
+    torch = (
+        f"; the PyTorch servers with {threads} intra-op thread"
+        + ("s" if threads != 1 else "")
+        if backend == "torch" and threads
+        else ""
+    )
+    clients = settings["clients"]
+    return (
+        f"`{settings['architecture']}` and Standard on its trunk (random "
+        f"weights, float32), a {settings['vocabulary_size']:,}-piece "
+        "SentencePiece tokenizer, each saved as a preset and served by "
+        "`keras-mhf serve` (its own process, `--max-batch-size "
+        f"{settings['max_batch_size']} --batch-wait-ms "
+        f"{settings['batch_wait_ms']:g} --chunk-size "
+        f"{settings['chunk_size']}`) on 127.0.0.1, talked to with the "
+        "`openai` client: streamed completions (`stream=True`), greedy "
+        f"(`temperature=0`), `max_tokens={settings['max_tokens']}`. 1 "
+        "client: one stream alone, tokens/s = its completion tokens (the "
+        "usage chunk's) / its wall time; first chunk: from the request to "
+        f"the first streamed chunk. {clients} clients: {clients} threads, "
+        "each its own prompt, released together; tokens/s = all their "
+        "completion tokens / the wall time from the first request to the "
+        "last stream's end. Batches (rows): how many generations the "
+        f"{clients} requests ran as (`/health`'s counters). Best of "
+        f"{settings['repeats']} rounds, the models in turns after a warm-up "
+        f"request of each shape. Target: {clients} / 1 >= 3x. CPU, 2 "
+        f"shared cores (server and clients){torch}."
+    )
+
+
+def serving_rows(results, target=3.0):
+    """The rows of `benchmarks.serving`'s table: per model, one client's
+    and the concurrent clients' tokens/s and first chunk, their ratio (bold
+    when it meets `target`), and the batches the concurrent requests ran
+    as."""
+    rows = []
+    for r in results:
+        ratio = f"{r['batching_ratio']:.2f}x"
+        if r["batching_ratio"] >= target:
+            ratio = f"**{ratio}**"
+        rows.append(
+            [
+                SERVING_MODELS.get(r["model"], r["model"]),
+                f"{r['single_tokens_per_s']:,.0f}",
+                f"{1000 * r['single_first_chunk_s']:,.0f}",
+                f"{r['concurrent_tokens_per_s']:,.0f}",
+                f"{1000 * r['concurrent_first_chunk_s']:,.0f}",
+                ratio,
+                f"{r['batches']} ({r['batched_rows']})",
+            ]
+        )
+    return rows
+
+
+def serving_table(results, target=3.0, backend=None):
+    """`benchmarks.serving`'s table (a backend column first when `backend`
+    is given)."""
+    header, rows = SERVING_HEADER, serving_rows(results, target)
+    if backend is not None:
+        header = ["backend", *header]
+        rows = [[backend, *row] for row in rows]
+    return markdown_table(header, rows)
+
+
+def serving_summary(data):
+    """A sentence per model on the batching ratio against the target, the
+    MHF / Standard ratios, and whether every completion had `max_tokens`
+    tokens."""
+    target = data["target"]
+    parts = []
+    for r in data["results"]:
+        name = SERVING_MODELS.get(r["model"], r["model"])
+        verdict = "meets" if r["batching_ratio"] >= target else "misses"
+        parts.append(
+            f"{name}: {data['settings']['clients']} clients make "
+            f"{r['batching_ratio']:.2f}x one client's tokens/s "
+            f"({verdict} the {target:g}x target), in "
+            f"{r['batches']} batch"
+            + ("es" if r["batches"] != 1 else "")
+            + f" of {r['batched_rows']} rows."
+        )
+    ratios = data.get("mhf_over_standard") or {}
+    if ratios:
+        parts.append(
+            "MHF / Standard: 1 client tokens/s "
+            f"{ratios.get('single_tokens_per_s', 0):.2f}x, "
+            f"{data['settings']['clients']} clients tokens/s "
+            f"{ratios.get('concurrent_tokens_per_s', 0):.2f}x, time to "
+            f"first chunk {ratios.get('single_first_chunk_s', 0):.2f}x."
+        )
+    short = [
+        SERVING_MODELS.get(r["model"], r["model"])
+        for r in data["results"]
+        if not r.get("full_length", True)
+    ]
+    if short:
+        parts.append(
+            f"Some completions of {', '.join(short)} ended before "
+            f"max_tokens (`</s>`); tokens/s count the tokens made."
+        )
+    else:
+        parts.append(
+            f"Every completion had its {data['settings']['max_tokens']} tokens."
+        )
+    return " ".join(parts)

@@ -8,9 +8,9 @@ benchmarks/results.
 The tables are computed from the JSON files that `benchmarks.benchmark`,
 `benchmarks.benchmark_data`, `benchmarks.benchmark_evaluation`,
 `benchmarks.evaluation_at_scale`, `benchmarks.quantization_quality`,
-`benchmarks.accumulation_memory` and `benchmarks.streaming` write, by
-the functions of `benchmarks.result_tables` that write those scripts' own
-reports.
+`benchmarks.accumulation_memory`, `benchmarks.streaming` and
+`benchmarks.serving` write, by the functions of `benchmarks.result_tables`
+that write those scripts' own reports.
 `benchmarks.head_memory` writes only Markdown tables, so the
 training-memory section reads those (`head_memory_100m_*.md`). The
 prose around the tables is the template in this file; `tests/test_docs.py`
@@ -410,6 +410,49 @@ def streaming_section():
     return out
 
 
+# --- serving (benchmarks.serving) ---
+
+
+def serving_section():
+    names = [
+        (backend, f"serving_{backend}.json")
+        for backend in BACKENDS
+        if _exists(f"serving_{backend}.json")
+    ]
+    if not names:
+        return []
+    out = [
+        "## Serving: one client against 8 at once",
+        "",
+        "`keras-mhf serve` runs requests that arrive within `--batch-wait-ms` "
+        "with the same sampling settings as one batch. The `openai` "
+        "client's streamed, greedy completions from one client alone "
+        "against 8 clients at once (each its own prompt), MHF and Standard "
+        "each served from a saved preset by its own server process: total "
+        "tokens/s, time to the first streamed chunk, and how many batches "
+        "the 8 requests ran as (the server's `/health` counters). Target: "
+        "8 clients make >= 3x one client's tokens/s. `python -m "
+        "benchmarks.serving`, once per backend.",
+    ]
+    for backend, name in names:
+        data = _load(name)
+        command = "python -m benchmarks.serving"
+        if backend != "jax":
+            command = f"KERAS_BACKEND={backend} {command}"
+        out += [
+            "",
+            f"### {BACKEND_NAMES[backend]}",
+            "",
+            result_tables.serving_caption(data["settings"], backend)
+            + f" `{command}`.",
+            "",
+            *result_tables.serving_table(data["results"], data["target"]),
+            "",
+            f"{result_tables.serving_summary(data)} Measured in {_link(name)}.",
+        ]
+    return out
+
+
 # --- inference against V (benchmarks.benchmark --inference ...) ---
 
 
@@ -667,6 +710,7 @@ def render():
         accumulation_section,
         vocabulary_section,
         streaming_section,
+        serving_section,
         scoring_section,
         fallback_section,
         quantization_section,
