@@ -38,7 +38,6 @@ from keras_mhf.models.causal_lm_inputs import check_texts
 from keras_mhf.models.causal_lm_inputs import pack_text_prompts
 from keras_mhf.models.causal_lm_inputs import size_token_id_prompts
 from keras_mhf.utils.concurrent_inference import inference
-from keras_mhf.utils.keras_private import build_generation_cache
 from keras_mhf.utils.token_ids import check_token_ids
 
 # Decoding steps per compiled call after the first (which makes one token);
@@ -72,6 +71,26 @@ def stop_condition(prompt, stop_token_ids, mask):
         return ops.convert_to_tensor(True, dtype="bool")
     ends = any_stop_token(prompt, stop_token_ids, ops.logical_not(mask))
     return ops.logical_not(ops.all(ops.any(ends, axis=-1)))
+
+
+def empty_cache(backbone, token_ids, dtype):
+    """A zero KV cache `[b, num_layers, 2, max_length, num_key_value_heads,
+    head_dim]` for prompts `token_ids [b, max_length]`."""
+    batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+    shape = [
+        batch_size,
+        backbone.num_layers,
+        2,
+        max_length,
+        backbone.num_key_value_heads,
+        backbone.head_dim,
+    ]
+    return ops.zeros(shape, dtype=dtype)
+
+
+# Prompts are run through the trunk up to the longest one, rounded up to a
+# multiple of this (few compiled shapes), not over the whole width.
+PREFILL_MULTIPLE = 32
 
 
 def sampled_loop(causal_lm, sampler, mask, stop_token_ids):
@@ -223,8 +242,13 @@ class _Decoder:
         template = type(sampler).from_config(sampler.get_config())
         self.template = template
 
-        def prefill(token_ids):
-            return build_generation_cache(causal_lm, token_ids)[1]
+        def prefill(prompt_ids, token_ids):
+            # The KV cache of the whole width, seeded with the prompts' part
+            # only: what is past the longest prompt is generated anyway.
+            cache = empty_cache(
+                causal_lm.backbone, token_ids, causal_lm.compute_dtype
+            )
+            return causal_lm.prefill_cache(prompt_ids, cache)
 
         def advance(token_ids, cache, index, extra, mask, steps):
             loop = causal_lm.decoding_loop(template, mask, stop_token_ids)
@@ -383,8 +407,13 @@ class TokenStream:
         loop = self.causal_lm.decoding_loop(template, mask, None)
         extra = tuple(ops.convert_to_tensor(v) for v in loop.initial)
         try:
+            prompt_width = min(
+                width,
+                -(-max(self.lengths) // PREFILL_MULTIPLE) * PREFILL_MULTIPLE,
+            )
+            prompt_ids = self.token_ids[:, :prompt_width]
             with inference(self.causal_lm):
-                cache = decoder.prefill(token_ids)
+                cache = decoder.prefill(prompt_ids, token_ids)
             steps, previous = 1, index
             while not self.done and index < width:
                 with inference(self.causal_lm):
@@ -443,11 +472,36 @@ class TextPieces:
         self.ids = []
         self.emitted = ""
         self.stopped = False
+        # `decoded` is the text of `ids[:read]`; `ids[prefix:read]` (the
+        # previous push's ids) start the next push's window.
+        self.decoded = ""
+        self.prefix = self.read = 0
 
     def _text(self):
-        if not self.ids:
+        """The text of every id so far, from two short decodes (the new ids
+        with the previous push's before them, and those alone): the text
+        the new ids add is what the first adds to the second, so a long
+        answer is not decoded whole at every push."""
+        if self.read == len(self.ids):
+            return self.decoded
+        before = self._decode(self.ids[self.prefix : self.read])
+        window = self._decode(self.ids[self.prefix :])
+        if not window.startswith(before):
+            return self._decode(self.ids)  # not seen with SentencePiece
+        text = self.decoded + window[len(before) :]
+        if not window.endswith("\ufffd"):  # else: a character unfinished
+            self.decoded, self.prefix, self.read = (
+                text,
+                self.read,
+                len(self.ids),
+            )
+        return text
+
+    def _decode(self, ids):
+        """The preprocessor's `generate_postprocess` of `ids`."""
+        if not ids:
             return ""
-        ids = np.asarray([self.ids], "int32")
+        ids = np.asarray([ids], "int32")
         text = self.preprocessor.generate_postprocess(
             {"token_ids": ids, "padding_mask": np.ones_like(ids, bool)}
         )
@@ -501,7 +555,8 @@ class TextPieces:
     def finish(self):
         if self.stopped:
             return ""
-        text, self.stopped = self._cut_at_stop(self._text())
+        # The whole answer decoded once, as `generate` decodes it.
+        text, self.stopped = self._cut_at_stop(self._decode(self.ids))
         if len(text) < len(self.emitted):
             return ""
         return self._piece(text)

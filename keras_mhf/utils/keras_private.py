@@ -169,10 +169,3 @@ def set_parallel_update_step(optimizer, update):
     """Replaces `parallel_update_step(optimizer)` on this instance."""
     optimizer._parallel_update_step = update
 
-
-def build_generation_cache(causal_lm, token_ids):
-    """KerasHub's `CausalLM._build_cache(token_ids)`: the prompt's forward
-    pass seeding the KV cache, `(hidden_states, cache)`; the first half of
-    every task's `generate_step`, which streaming generation runs apart
-    from the decoding loop (no public method does)."""
-    return causal_lm._build_cache(token_ids)

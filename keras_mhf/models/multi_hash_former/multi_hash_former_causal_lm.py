@@ -315,7 +315,7 @@ class MultiHashFormerCausalLM(TableQuantizationMixin, CausalLMMixin, CausalLM):
 
     def _build_cache(self, token_ids):
         """Builds and seeds the KV cache: `(hidden_states, cache)`."""
-        cache = generation.empty_cache(
+        cache = generation_stream.empty_cache(
             self.backbone, token_ids, self.compute_dtype
         )
         return generation.trunk_with_cache(self.backbone, token_ids, cache, 0)
@@ -332,6 +332,13 @@ class MultiHashFormerCausalLM(TableQuantizationMixin, CausalLMMixin, CausalLM):
         return generation.top_k_generate_step(
             self, inputs, stop_token_ids, cache, k
         )
+
+    def prefill_cache(self, prompt_ids, cache):
+        """Seeds an empty KV cache with the prompt's `prompt_ids [b, p]`
+        (the trunk only: no token scores), for streaming."""
+        return generation.trunk_with_cache(self.backbone, prompt_ids, cache, 0)[
+            1
+        ]
 
     def decoding_loop(self, sampler, mask, stop_token_ids):
         """The loop `generate_step` runs, for streaming

@@ -299,20 +299,6 @@ def trunk_with_cache(backbone, token_ids, cache, cache_update_index):
     return backbone.layer_norm(x), ops.stack(updated, axis=1)
 
 
-def empty_cache(backbone, token_ids, dtype):
-    """A zero KV cache for prompts `token_ids [b, max_length]`."""
-    batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-    shape = [
-        batch_size,
-        backbone.num_layers,
-        2,
-        max_length,
-        backbone.num_key_value_heads,
-        backbone.head_dim,
-    ]
-    return ops.zeros(shape, dtype=dtype)
-
-
 # --- Generation loops --------------------------------------------------------
 
 

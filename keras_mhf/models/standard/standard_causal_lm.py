@@ -77,6 +77,12 @@ class StandardCausalLM(CausalLMMixin, Qwen3CausalLM):
                 ),
             )
 
+    def prefill_cache(self, prompt_ids, cache):
+        """Seeds an empty KV cache with the prompt's `prompt_ids [b, p]`
+        (KerasHub's `call_with_cache`, as its `_build_cache`), for
+        streaming."""
+        return self.call_with_cache(prompt_ids, cache, 0)[2]
+
     def decoding_loop(self, sampler, mask, stop_token_ids):
         """The loop KerasHub's Qwen3 `generate_step` runs (the sampler's
         step on `call_with_cache`), for streaming
