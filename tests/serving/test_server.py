@@ -47,8 +47,10 @@ def preset(tmp_path_factory, small_proto):
 
 
 @pytest.fixture(scope="module")
-def server(preset):
+def server(preset, tmp_path_factory):
     port = _free_port()
+    log_path = tmp_path_factory.mktemp("server_log") / "serve.log"
+    log = open(log_path, "w")
     process = subprocess.Popen(
         [
             sys.executable,
@@ -63,11 +65,15 @@ def server(preset):
             "300",
             "--max-body-bytes",
             "20000",
+            # Past the preset's 96: a long answer, still being written when
+            # its client leaves (RoPE positions, no new weights).
+            "--max-model-len",
+            "4096",
         ],
         cwd=str(REPO),
-        stdout=subprocess.PIPE,
+        # A file, not a pipe that nobody reads while it serves.
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_TIMEOUT
@@ -83,11 +89,13 @@ def server(preset):
     else:
         process.kill()
     if process.poll() is not None:
-        pytest.fail(f"the server ended: {process.stdout.read()[-3000:]}")
+        log.close()
+        pytest.fail(f"the server ended: {log_path.read_text()[-3000:]}")
     yield {"url": url, "process": process}
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
+    log.close()
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +162,7 @@ def test_openai_client_streams_generates_text(client, local_lm):
 def test_models_health_and_tokenizer_routes(server, client, local_lm):
     (card,) = client.models.list().data
     assert card.id == NAME
-    assert card.model_dump()["max_model_len"] == 96
+    assert card.model_dump()["max_model_len"] == 4096
     assert "paper's rule" in card.model_dump()["scoring_rule"]
     url = server["url"]
     info = requests.get(f"{url}/tokenizer_info").json()
@@ -207,7 +215,7 @@ def test_echo_logprobs_are_the_evaluation_scores(client, local_lm):
 BAD = [
     (b"{not json", 400, None),
     ({"model": "gpt-4", "prompt": "x"}, 404, "model"),
-    ({"model": NAME, "prompt": "x", "max_tokens": 500}, 400, "max_tokens"),
+    ({"model": NAME, "prompt": "x", "max_tokens": 5000}, 400, "max_tokens"),
     ({"model": NAME, "prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"model": NAME, "prompt": "x", "n": 2}, 400, "n"),
     ({"model": NAME, "prompt": [5, 99999]}, 400, "prompt"),
@@ -282,7 +290,7 @@ def test_concurrent_requests_share_a_batch(server, client):
         json={
             "model": NAME,
             "prompt": "The",
-            "max_tokens": 80,
+            "max_tokens": 4000,
             "temperature": 0,
             "stream": True,
         },
