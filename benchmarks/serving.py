@@ -59,9 +59,6 @@ from benchmarks import result_tables
 # The target of the server's static batching: 8 clients at once make at
 # least 3x the tokens/s of one alone.
 TARGET = 3.0
-OPENSTAX_SAMPLE = os.path.join(
-    common.ROOT, "tests", "testdata", "openstax_edu_en", "train_00.jsonl"
-)
 # One prompt per client (the single client sends the first).
 PROMPTS = [
     "The cell is the basic unit of life",
@@ -90,18 +87,6 @@ POLL_S = 0.1
 # --- models -------------------------------------------------------------------
 
 
-def tokenizer_proto(vocabulary_size):
-    """A SentencePiece model (`common.small_sentencepiece`): on the
-    repository's OpenStax sample (its paragraphs) for vocabularies above the
-    default's, else on `common.SENTENCES`."""
-    if vocabulary_size <= 120:
-        return common.small_sentencepiece(vocabulary_size=vocabulary_size)
-    with open(OPENSTAX_SAMPLE, encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f]
-    paragraphs = [p for t in texts for p in t.split("\n") if p.strip()]
-    return common.small_sentencepiece(paragraphs, vocabulary_size)
-
-
 def save_presets(args, root, models=MODELS):
     """Builds a random MHF of `args.architecture` and the Standard baseline
     on its trunk (one tokenizer, seed 0 each) and saves them as presets
@@ -115,7 +100,9 @@ def save_presets(args, root, models=MODELS):
     from keras_mhf.models import standard_causal_lm
     from keras_mhf.utils.keras_utils import count_trainable_parameters
 
-    tokenizer = MultiHashFormerTokenizer(tokenizer_proto(args.vocabulary_size))
+    tokenizer = MultiHashFormerTokenizer(
+        common.benchmark_sentencepiece(args.vocabulary_size)
+    )
     length = 2 * (args.max_tokens + 64)
     builders = {
         "mhf": lambda: MultiHashFormerCausalLM.from_tokenizer(

@@ -36,7 +36,6 @@ copy of the token ids.
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import time
@@ -47,9 +46,6 @@ from benchmarks import result_tables
 PROMPT = "The cell is the basic unit of life"
 # The target of generate_stream: at least 0.8x generate's tokens/s.
 TARGET = 0.8
-OPENSTAX_SAMPLE = os.path.join(
-    common.ROOT, "tests", "testdata", "openstax_edu_en", "train_00.jsonl"
-)
 QUICK = dict(
     architecture="tiny_h3b64",
     vocabulary_size=120,
@@ -63,18 +59,6 @@ QUICK = dict(
 # --- models -------------------------------------------------------------------
 
 
-def tokenizer_proto(vocabulary_size):
-    """A SentencePiece model (`common.small_sentencepiece`): on the
-    repository's OpenStax sample (its paragraphs) for vocabularies above the
-    default's, else on `common.SENTENCES`."""
-    if vocabulary_size <= 120:
-        return common.small_sentencepiece(vocabulary_size=vocabulary_size)
-    with open(OPENSTAX_SAMPLE, encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f]
-    paragraphs = [p for t in texts for p in t.split("\n") if p.strip()]
-    return common.small_sentencepiece(paragraphs, vocabulary_size)
-
-
 def build_models(args):
     """`{"mhf": ..., "standard": ...}`: a random MHF of `args.architecture`
     and the Standard baseline on its trunk, one tokenizer, the greedy
@@ -85,7 +69,9 @@ def build_models(args):
     from keras_mhf.models import MultiHashFormerTokenizer
     from keras_mhf.models import standard_causal_lm
 
-    tokenizer = MultiHashFormerTokenizer(tokenizer_proto(args.vocabulary_size))
+    tokenizer = MultiHashFormerTokenizer(
+        common.benchmark_sentencepiece(args.vocabulary_size)
+    )
     length = 2 * (args.new_tokens + 64)
     keras.utils.set_random_seed(0)
     mhf = MultiHashFormerCausalLM.from_tokenizer(
