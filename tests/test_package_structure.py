@@ -123,6 +123,7 @@ APPLICATION_PREFIXES = (
     "keras_mhf.data",
     "keras_mhf.expansion",
     "keras_mhf.cli",
+    "keras_mhf.serving",
 )
 # What layers/ and models/ may import at module level.
 LOWER_PREFIXES = (
@@ -227,6 +228,7 @@ def test_the_top_level_holds_only_pipeline_folders():
         "models",
         "optimizers",
         "pretraining",
+        "serving",
         "settings",
         "signatures",
         "utils",

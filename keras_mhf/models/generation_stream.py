@@ -23,7 +23,6 @@ give `generate`'s tokens.
 """
 
 import collections
-import itertools
 import json
 import weakref
 
@@ -37,6 +36,7 @@ from keras_mhf.models.causal_lm_inputs import check_length_arguments
 from keras_mhf.models.causal_lm_inputs import check_texts
 from keras_mhf.models.causal_lm_inputs import pack_text_prompts
 from keras_mhf.models.causal_lm_inputs import size_token_id_prompts
+from keras_mhf.utils.compiled_generation import compile_like_generate
 from keras_mhf.utils.concurrent_inference import inference
 from keras_mhf.utils.token_ids import check_token_ids
 
@@ -180,58 +180,6 @@ def _sampler_key(sampler):
     return type(sampler), json.dumps(config, sort_keys=True, default=str)
 
 
-def _compile(causal_lm, sampler, function):
-    """`function` compiled as `generate` is: `jax.jit` over the model's and
-    the sampler's state (KerasHub's `make_generate_function`),
-    `tf.function` (with the model's `jit_compile`), eagerly on PyTorch."""
-    backend = keras.config.backend()
-    if backend == "tensorflow" and not causal_lm.run_eagerly:
-        import tensorflow as tf
-
-        return tf.function(
-            function, jit_compile=getattr(causal_lm, "jit_compile", True)
-        )
-    if backend != "jax" or causal_lm.run_eagerly:
-        return function
-    import jax
-
-    # Listed once: walking the layers for them on every call costs more
-    # than a short chunk's steps (`_decoder` builds again when they change).
-    sampler_variables = list(sampler.variables)
-    trainable = list(causal_lm.trainable_variables)
-    non_trainable = list(causal_lm.non_trainable_variables)
-
-    def stateless(state, *args):
-        sampler_values, trainable_values, non_trainable_values = state
-        mapping = itertools.chain(
-            zip(sampler_variables, sampler_values),
-            zip(trainable, trainable_values),
-            zip(non_trainable, non_trainable_values),
-        )
-        with keras.StatelessScope(state_mapping=mapping) as scope:
-            outputs = function(*args)
-        sampler_values = []
-        for v in sampler_variables:
-            new = scope.get_current_value(v)
-            sampler_values.append(v.value if new is None else new)
-        return outputs, sampler_values
-
-    jitted = jax.jit(stateless)
-
-    def call(*args):
-        state = (
-            [v.value for v in sampler_variables],
-            [v.value for v in trainable],
-            [v.value for v in non_trainable],
-        )
-        outputs, sampler_values = jitted(state, *args)
-        for variable, value in zip(sampler_variables, sampler_values):
-            variable.assign(value)
-        return outputs
-
-    return call
-
-
 class _Decoder:
     """A model's compiled `prefill` and `advance` for one sampler
     configuration and stop tokens. It runs with its own sampler (`template`)
@@ -262,8 +210,8 @@ class _Decoder:
             )
             return out[0], out[1], out[2], tuple(out[3:])
 
-        self.prefill = _compile(causal_lm, template, prefill)
-        self.advance = _compile(causal_lm, template, advance)
+        self.prefill = compile_like_generate(causal_lm, template, prefill)
+        self.advance = compile_like_generate(causal_lm, template, advance)
 
 
 _DECODERS = weakref.WeakKeyDictionary()
