@@ -1071,7 +1071,7 @@ def streaming_profile_table(profile):
         "`TextPieces` ms (pushes)",
         "ms per push",
         "host copy µs",
-        "variable list µs",
+        "variable values µs",
     ]
     rows = []
     for model, p in profile.items():

@@ -154,9 +154,14 @@ def time_id_stream(lm, prompt, n, chunk_size):
 
 
 def compiled_calls(n, chunk_size):
-    """The stream's compiled calls for `n` tokens: one token, then
-    `chunk_size` at a time."""
-    return 1 + math.ceil((n - 1) / chunk_size)
+    """The stream's compiled calls for `n` tokens (its `chunk_schedule`)."""
+    from keras_mhf.models.generation_stream import chunk_schedule
+
+    calls, made = 0, 0
+    for steps in chunk_schedule(chunk_size):
+        if made >= n:
+            return calls
+        calls, made = calls + 1, made + steps
 
 
 # --- the profile ------------------------------------------------------------
@@ -164,12 +169,16 @@ def compiled_calls(n, chunk_size):
 
 def detokenize_seconds(preprocessor, ids, chunk_size, repeats=3):
     """Best time `TextPieces` takes to turn `ids` into pieces when pushed as
-    the stream pushes them (one id, then `chunk_size` at a time), and its
-    number of pushes."""
+    the stream pushes them (its `chunk_schedule`), and its number of
+    pushes."""
     from keras_mhf.models.generation_stream import TextPieces
+    from keras_mhf.models.generation_stream import chunk_schedule
 
-    bounds = [0, 1] + list(range(1 + chunk_size, len(ids), chunk_size))
-    bounds.append(len(ids))
+    bounds = [0]
+    for steps in chunk_schedule(chunk_size):
+        if bounds[-1] >= len(ids):
+            break
+        bounds.append(min(bounds[-1] + steps, len(ids)))
     best = math.inf
     for _ in range(repeats):
         pieces = TextPieces(preprocessor)
@@ -196,12 +205,15 @@ def host_copy_microseconds(width, count=2000):
 
 
 def variables_microseconds(lm, count=200):
-    """Mean microseconds of listing the model's variable values, which the
-    JAX stream does before every compiled call (its `jax.jit` state)."""
+    """Mean microseconds of reading the model's variable values (listed
+    once), which the JAX stream passes to every compiled call (its
+    `jax.jit` state)."""
+    trainable = list(lm.trainable_variables)
+    non_trainable = list(lm.non_trainable_variables)
     start = time.perf_counter()
     for _ in range(count):
-        [v.value for v in lm.trainable_variables]
-        [v.value for v in lm.non_trainable_variables]
+        [v.value for v in trainable]
+        [v.value for v in non_trainable]
     return 1e6 * (time.perf_counter() - start) / count
 
 

@@ -354,7 +354,7 @@ def accumulation_section():
 STREAMING_COMMANDS = {
     "jax": "python -m benchmarks.streaming",
     "torch": "KERAS_BACKEND=torch python -m benchmarks.streaming --repeats 3 "
-    "--sweep-repeats 1 --chunk-sizes 1 8 32",
+    "--sweep-repeats 1 --chunk-sizes 8",
 }
 
 
@@ -369,9 +369,10 @@ def streaming_section():
     out = [
         "## Streaming generation",
         "",
-        "`generate_stream` runs `generate`'s decoding loop `chunk_size` "
-        "steps per compiled call on a kept KV cache (the first call makes "
-        "one token) and hands out each call's tokens as text pieces. Its "
+        "`generate_stream` runs `generate`'s decoding loop on a kept KV "
+        "cache a chunk of steps per compiled call (one step, then "
+        "`chunk_size`, doubling up to 4x `chunk_size`) and hands out each "
+        "call's tokens as text pieces. Its "
         "tokens/s over a whole answer against `generate`'s, its time to "
         "the first token against `generate`'s time for the whole answer, "
         "and where the stream's extra time goes: the chunk-size sweep, the "

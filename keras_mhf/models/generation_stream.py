@@ -236,6 +236,17 @@ def _decoder(causal_lm, sampler, stop_token_ids):
     return decoders[key]
 
 
+def chunk_schedule(chunk_size):
+    """The decoding steps of a stream's compiled calls, call after call:
+    1, `chunk_size`, then twice the last, up to `MAX_CHUNK_GROWTH *
+    chunk_size`."""
+    yield 1
+    steps, most = chunk_size, MAX_CHUNK_GROWTH * chunk_size
+    while True:
+        yield steps
+        steps = min(2 * steps, most)
+
+
 def _scalar(value):
     """An int32 scalar argument of a compiled call (on JAX a numpy scalar,
     which costs less to pass than a backend tensor)."""
@@ -362,7 +373,8 @@ class TokenStream:
             prompt_ids = self.token_ids[:, :prompt_width]
             with inference(self.causal_lm):
                 cache = decoder.prefill(prompt_ids, token_ids)
-            steps, previous = 1, index
+            schedule = chunk_schedule(self.chunk_size)
+            steps, previous = next(schedule), index
             while not self.done and index < width:
                 with inference(self.causal_lm):
                     token_ids, cache, index_tensor, extra = decoder.advance(
@@ -376,11 +388,7 @@ class TokenStream:
                     host = np.asarray(ops.convert_to_numpy(token_ids))
                     index = int(ops.convert_to_numpy(index_tensor))
                 yield self._read(host, index)
-                steps = (
-                    self.chunk_size
-                    if steps == 1
-                    else min(2 * steps, MAX_CHUNK_GROWTH * self.chunk_size)
-                )
+                steps = next(schedule)
                 if index == previous:
                     break  # every row has a stop token (the loop's cond)
                 previous = index
