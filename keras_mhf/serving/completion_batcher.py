@@ -66,8 +66,8 @@ class CompletionBatcher:
     Args:
         causal_lm: the served causal LM (with its preprocessor).
         served: the served model's facts (`tokenizer`, `max_length`).
-        max_batch_size: most rows in a batch (a request with more prompts
-            runs alone).
+        max_batch_size: most rows in a generation (a request with more
+            prompts runs alone, in several).
         batch_wait: seconds the first job of a batch waits for others.
         chunk_size: decoding steps between the host's reads.
 
@@ -209,12 +209,23 @@ class CompletionBatcher:
         for job in batch:
             for i, ids in enumerate(job.request.prompts):
                 rows.append((ids, job.request.max_tokens, job, i))
-        self.batches += 1
-        self.batched_rows += len(rows)
         for job in batch:
             if job.request.stream and job.request.echo:
                 for i, ids in enumerate(job.request.prompts):
                     self._echo(job, i, ids)
+        # A request with more prompts than a batch holds runs in several.
+        sampler = self._sampler(batch[0])
+        for start in range(0, len(rows), self.max_batch_size):
+            self._generate(rows[start : start + self.max_batch_size], sampler)
+        for job in batch:
+            if not job.cancelled.is_set():
+                job.on_event(Event("end", None, None))
+
+    def _generate(self, rows, sampler):
+        """One streamed generation of `rows`, reporting each row's pieces
+        and its finish to its job."""
+        self.batches += 1
+        self.batched_rows += len(rows)
         prompt, lengths, limits = self._prompt(rows)
         stream = TokenStream(
             self.causal_lm,
@@ -222,7 +233,7 @@ class CompletionBatcher:
             lengths,
             limits,
             [self.served.tokenizer.end_token_id],
-            sampler=self._sampler(batch[0]),
+            sampler=sampler,
             chunk_size=self.chunk_size,
         )
         preprocessor = self.causal_lm.preprocessor
@@ -258,9 +269,6 @@ class CompletionBatcher:
             if job.request.stream and text:
                 self._send_text(job, i, ids, generated[r], None, text)
             self._finish(job, i, ids, generated[r], reason, texts[r])
-        for job in batch:
-            if not job.cancelled.is_set():
-                job.on_event(Event("end", None, None))
 
     def _logprobs(self, job, ids, start):
         """`(values, tops)` of `ids[start:]`, or `None` when the request

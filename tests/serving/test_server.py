@@ -246,11 +246,16 @@ def test_bad_requests_get_openai_errors_and_the_server_goes_on(server, client):
         assert missing.status_code == 404
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
-    # Still serving.
-    done = client.completions.create(
+    # Still serving; a request with more prompts than a batch (8) runs in
+    # several, each prompt's text as when it is alone.
+    alone = client.completions.create(
         model=NAME, prompt="The", max_tokens=2, temperature=0
     )
-    assert done.choices[0].finish_reason
+    done = client.completions.create(
+        model=NAME, prompt=["The"] * 9, max_tokens=2, temperature=0
+    )
+    texts = [c.text for c in sorted(done.choices, key=lambda c: c.index)]
+    assert texts == [alone.choices[0].text] * 9
 
 
 def test_concurrent_requests_share_a_batch(server, client):
