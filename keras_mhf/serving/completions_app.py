@@ -124,7 +124,11 @@ def completions_app(
     async def lifespan(app):
         batcher.start()
         if warm_up:
-            await _complete({"prompt": "", "max_tokens": 1, "temperature": 0})
+            await _complete(
+                batcher,
+                served,
+                {"prompt": "", "max_tokens": 1, "temperature": 0},
+            )
         yield
         batcher.stop(timeout=60)
 
@@ -135,6 +139,27 @@ def completions_app(
         redoc_url=None,
     )
     app.state.batcher = batcher
+
+    _add_error_handlers(app)
+    _add_model_routes(app, served, batcher)
+    _add_tokenizer_routes(app, served, max_body_bytes)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _read_json(request, max_body_bytes)
+        if isinstance(body, dict) and body.get("stream") is True:
+            parsed = CompletionRequest.from_body(body, served)
+            return StreamingResponse(
+                _stream(batcher, served, parsed), media_type="text/event-stream"
+            )
+        return await _complete(batcher, served, body)
+
+    return app
+
+
+def _add_error_handlers(app):
+    """OpenAI error bodies for refused requests, unknown routes and
+    unexpected errors."""
 
     @app.exception_handler(ApiError)
     async def api_error(request, error):
@@ -151,6 +176,10 @@ def completions_app(
     async def unexpected(request, error):
         problem = ApiError(500, f"{type(error).__name__}: {error}")
         return JSONResponse(problem.body(), status_code=500)
+
+
+def _add_model_routes(app, served, batcher):
+    """`GET /health`, `GET /v1/models` and `GET /v1/models/{name}`."""
 
     @app.get("/health")
     def health():
@@ -175,6 +204,10 @@ def completions_app(
                 code="model_not_found",
             )
         return served.card()
+
+
+def _add_tokenizer_routes(app, served, max_body_bytes):
+    """vLLM's tokenizer routes, which lm-eval's remote tokenizer reads."""
 
     @app.get("/tokenizer_info")
     def tokenizer_info():
@@ -214,130 +247,122 @@ def completions_app(
             )
         return {"prompt": served.tokenizer.decode(tokens)}
 
-    def _submit(request):
-        loop = asyncio.get_running_loop()
-        events = asyncio.Queue()
 
-        def on_event(event):
-            loop.call_soon_threadsafe(events.put_nowait, event)
+def _submit(batcher, request):
+    loop = asyncio.get_running_loop()
+    events = asyncio.Queue()
 
-        job = batcher.submit(CompletionJob(request, on_event))
-        return job, events
+    def on_event(event):
+        loop.call_soon_threadsafe(events.put_nowait, event)
 
-    def _header():
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": served.name,
-        }
+    job = batcher.submit(CompletionJob(request, on_event))
+    return job, events
 
-    async def _complete(body):
-        request = CompletionRequest.from_body(body, served)
-        job, events = _submit(request)
-        choices = [None] * len(request.prompts)
-        completion_tokens = 0
-        try:
-            while True:
-                event = await events.get()
-                if event.kind == "error":
-                    raise event.data
-                if event.kind == "end":
-                    break
-                if event.kind != "finish":
-                    continue
-                data, i = event.data, event.row
+
+def _header(served):
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": served.name,
+    }
+
+
+async def _complete(batcher, served, body):
+    request = CompletionRequest.from_body(body, served)
+    job, events = _submit(batcher, request)
+    choices = [None] * len(request.prompts)
+    completion_tokens = 0
+    try:
+        while True:
+            event = await events.get()
+            if event.kind == "error":
+                raise event.data
+            if event.kind == "end":
+                break
+            if event.kind != "finish":
+                continue
+            data, i = event.data, event.row
+            completion_tokens += len(data["ids"])
+            text = data["text"]
+            if request.echo:
+                text = data["prompt_text"] + text
+            logprobs = None
+            if request.logprobs is not None:
+                logprobs = _logprobs_object(served, request, i, data)
+            choices[i] = {
+                "index": i,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": data["reason"],
+            }
+    finally:
+        job.cancel()  # a client gone frees its rows; a no-op after "end"
+    return {
+        **_header(served),
+        "choices": choices,
+        "usage": _usage(request, completion_tokens),
+    }
+
+
+async def _stream(batcher, served, request):
+    job, events = _submit(batcher, request)
+    header = _header(served)
+    completion_tokens = 0
+    offsets = {}
+
+    def chunk(choices, **extra):
+        return (
+            f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n"
+        )
+
+    try:
+        while True:
+            event = await events.get()
+            if event.kind == "error":
+                yield f"data: {json.dumps(event.data.body())}\n\n"
+                break
+            if event.kind == "end":
+                if request.include_usage:
+                    yield chunk([], usage=_usage(request, completion_tokens))
+                break
+            data, i = event.data, event.row
+            if event.kind == "finish":
                 completion_tokens += len(data["ids"])
-                text = data["text"]
-                if request.echo:
-                    text = data["prompt_text"] + text
-                logprobs = None
-                if request.logprobs is not None:
-                    logprobs = _logprobs_object(served, request, i, data)
-                choices[i] = {
-                    "index": i,
-                    "text": text,
-                    "logprobs": logprobs,
-                    "finish_reason": data["reason"],
-                }
-        finally:
-            job.cancel()  # a client gone frees its rows; a no-op after "end"
-        return {
-            **_header(),
-            "choices": choices,
-            "usage": _usage(request, completion_tokens),
-        }
-
-    async def _stream(request):
-        job, events = _submit(request)
-        header = _header()
-        completion_tokens = 0
-        offsets = {}
-
-        def chunk(choices, **extra):
-            return f"data: {json.dumps({**header, 'choices': choices, **extra})}\n\n"
-
-        try:
-            while True:
-                event = await events.get()
-                if event.kind == "error":
-                    yield f"data: {json.dumps(event.data.body())}\n\n"
-                    break
-                if event.kind == "end":
-                    if request.include_usage:
-                        yield chunk(
-                            [], usage=_usage(request, completion_tokens)
-                        )
-                    break
-                data, i = event.data, event.row
-                if event.kind == "finish":
-                    completion_tokens += len(data["ids"])
-                    yield chunk(
-                        [
-                            {
-                                "index": i,
-                                "text": "",
-                                "logprobs": None,
-                                "finish_reason": data["reason"],
-                            }
-                        ]
-                    )
-                    continue
-                logprobs = None
-                if data["logprobs"] is not None:
-                    values, tops = data["logprobs"]
-                    at = offsets.get(i, 0)
-                    logprobs = openai_logprobs(
-                        served,
-                        data["ids"],
-                        values,
-                        tops if request.logprobs else None,
-                        at,
-                        first=i not in offsets or data.get("echo", False),
-                    )
-                offsets[i] = offsets.get(i, 0) + len(data["text"])
                 yield chunk(
                     [
                         {
                             "index": i,
-                            "text": data["text"],
-                            "logprobs": logprobs,
-                            "finish_reason": None,
+                            "text": "",
+                            "logprobs": None,
+                            "finish_reason": data["reason"],
                         }
                     ]
                 )
-            yield "data: [DONE]\n\n"
-        finally:
-            job.cancel()
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await _read_json(request, max_body_bytes)
-        if isinstance(body, dict) and body.get("stream") is True:
-            parsed = CompletionRequest.from_body(body, served)
-            return StreamingResponse(
-                _stream(parsed), media_type="text/event-stream"
+                continue
+            logprobs = None
+            if data["logprobs"] is not None:
+                values, tops = data["logprobs"]
+                at = offsets.get(i, 0)
+                logprobs = openai_logprobs(
+                    served,
+                    data["ids"],
+                    values,
+                    tops if request.logprobs else None,
+                    at,
+                    first=i not in offsets or data.get("echo", False),
+                )
+            offsets[i] = offsets.get(i, 0) + len(data["text"])
+            yield chunk(
+                [
+                    {
+                        "index": i,
+                        "text": data["text"],
+                        "logprobs": logprobs,
+                        "finish_reason": None,
+                    }
+                ]
             )
-        return await _complete(body)
-
-    return app
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()
